@@ -1,0 +1,1 @@
+"""Brute-force oracles: enumerate every structure of tiny inputs and score it directly from the conventions."""
