@@ -5,6 +5,7 @@ with a message that names the argument and says what was expected.
 """
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -45,9 +46,13 @@ def shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str) -> 
 
 
 def positive_int(name: str, value: object) -> int:
-    """A Python int >= 1 (bool is rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}")
+    """An integer >= 1: a Python int, a NumPy integer or a 0-d integer tensor (bool is rejected)."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}") from None
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value

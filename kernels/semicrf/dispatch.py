@@ -2,10 +2,13 @@
 
 Conventions (shared/DESIGN.md, one everywhere):
 
-- ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores.
+- ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only
+  differences enter a score, so a constant offset per label changes nothing).
 - ``transition`` (C, C) or duration-dependent (K, C, C), oriented ``transition[src, dst]``.
 - ``duration_bias`` (K, C): row ``d-1`` for duration ``d``; durations are 1..K, **K inclusive**.
 - ``proj_start``, ``proj_end`` (B, T, C), each optional: scores for a segment starting / ending at a position.
+- ``transition``, ``duration_bias``, ``proj_start`` and ``proj_end`` may hold -inf to forbid a choice; NaN and
+  +inf are rejected everywhere, and ``cum_scores`` must be finite.
 - ``lengths`` (B,) integers with 1 <= L <= T.
 - A segment [s, s+d) with label c scores ``cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c]
   + proj_end[s+d-1, c]``; every segment after the first also pays ``trans(d)[c_prev, c]``.
@@ -217,7 +220,7 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
         if proj is not None:
             validate.tensor(name, proj, ndim=3, dtypes=(dtype,), device=device)
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
-            validate.finite(name, proj)
+            validate.finite(name, proj, allow_neg_inf=True)
     return StreamingCall(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
                          use_triton)
 
