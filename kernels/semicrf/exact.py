@@ -1,0 +1,136 @@
+"""Exact semi-CRF backend on a pre-built edge tensor, for every semiring of :mod:`kernels.semiring`.
+
+Edge layout (one meaning everywhere: :func:`edges_from_streaming`, :class:`SemiMarkov`, the oracle's
+``all_scores_from_edges``):
+
+    edge (B, T, K, C, C), log-space; edge[b, s, d-1, c_prev, c] = score of the segment [s, s+d) with label c,
+    entered from a segment labelled c_prev (its transition included). Durations d = 1..K, K inclusive.
+
+A segmentation ((s_0, d_0, c_0), (s_1, d_1, c_1), ...) scores ``Σ_i edge[s_i, d_i-1, c_{i-1}, c_i]`` with
+``c_{-1} = 0``: the first segment (s = 0) reads row ``c_prev = 0``, a virtual start state; the other rows at
+s = 0 are never read. Entries with s+d > T are -inf in :func:`edges_from_streaming`; entries with s+d > L_b are
+never read for sequence b. Memory is O(B T K C²): use the streaming API for anything but small problems.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+
+from kernels import validate
+from kernels.semicrf.dispatch import make_call
+from kernels.semiring import Log, Max, Semiring
+
+Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+
+
+def edges_from_streaming(
+    cum_scores: torch.Tensor,
+    transition: torch.Tensor,
+    duration_bias: torch.Tensor,
+    K: int,
+    proj_start: Optional[torch.Tensor] = None,
+    proj_end: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The edge tensor (B, T, K, C, C) of the streaming parameters (same shapes and convention as
+    ``semi_crf_streaming_forward``). Differentiable; dtype of ``cum_scores``.
+
+    ``edge[b, s, d-1, c_prev, c] = cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c]
+    + proj_end[s+d-1, c] + trans(d)[c_prev, c]``, without the transition at s = 0 (every row there holds the
+    transition-free score; :class:`SemiMarkov` reads row 0). -inf where s+d > T.
+    """
+    cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=validate.FLOAT_DTYPES)
+    B, T = cum_scores.shape[0], cum_scores.shape[1] - 1
+    full = torch.full((B,), T, dtype=torch.int64, device=cum_scores.device)
+    call = make_call("partition", cum_scores, transition, duration_bias, full, K, "log", proj_start, proj_end, False)
+    device = cum_scores.device
+    start = torch.arange(T, device=device)[:, None]  # (T, 1)
+    end = start + torch.arange(1, K + 1, device=device)  # (T, K): s + d
+    inside = end <= T
+    end = end.clamp(max=T)
+    cum = call.cum_scores
+    segment = cum[:, end] - cum[:, start] + call.duration_bias  # (B, T, K, C)
+    if call.proj_start is not None:
+        segment = segment + call.proj_start[:, :, None]
+    if call.proj_end is not None:
+        segment = segment + call.proj_end[:, end - 1]
+    segment = torch.where(inside[..., None], segment, torch.full_like(segment, -math.inf))
+    trans = call.transition if call.transition.dim() == 3 else call.transition.expand(K, -1, -1)  # (K, C, C)
+    edge = segment[..., None, :] + trans  # (B, T, K, C, C)
+    first = segment[:, :1, :, None, :].expand(-1, -1, -1, call.C, -1)
+    return torch.cat([first, edge[:, 1:]], dim=1)
+
+
+def _edge(name: str, edge: object, log_space: bool) -> torch.Tensor:
+    edge = validate.tensor(name, edge, ndim=5, dtypes=validate.FLOAT_DTYPES)
+    B, T, K, C, C2 = edge.shape
+    if C2 != C or min(T, K, C) < 1:
+        raise ValueError(f"{name} must have shape (B, T, K, C, C) with T, K, C >= 1, got {tuple(edge.shape)}")
+    validate.finite(name, edge, allow_neg_inf=log_space)
+    return edge
+
+
+class SemiMarkov:
+    """Exact semi-Markov CRF on edges (see the module docstring for the layout), over one semiring.
+
+    ``SemiMarkov(Log()).logpartition(edge, lengths)`` is log Z (B,); ``Max()`` the best score; ``KMax(k)`` the k
+    best (k, B); ``Entropy()`` H(p); ``Counting()`` takes real weights (e.g. ``edge.exp()``);
+    ``CrossEntropy()`` / ``KLDivergence()`` take ``edge=(edge_p, edge_q)``.
+    """
+
+    def __init__(self, semiring: Semiring):
+        if not isinstance(semiring, Semiring):
+            raise TypeError(f"semiring must be a Semiring instance such as Log() or KMax(3), got {semiring!r}")
+        self.semiring = semiring
+
+    def _validate(self, edge: Edge, lengths: object) -> tuple[Edge, torch.Tensor]:
+        log_space = self.semiring.log_space
+        if self.semiring.pair:
+            if not isinstance(edge, (tuple, list)) or len(edge) != 2:
+                raise TypeError(f"edge must be a pair (edge_p, edge_q) for {self.semiring!r}, "
+                                f"got {type(edge).__name__}")
+            first = _edge("edge[0]", edge[0], log_space)
+            second = _edge("edge[1]", edge[1], log_space)
+            validate.tensor("edge[1]", second, dtypes=(first.dtype,), device=first.device)
+            validate.shape("edge[1]", second, first.shape, "like edge[0]")
+            edge = (first, second)
+        else:
+            first = edge = _edge("edge", edge, log_space)
+        B, T = first.shape[:2]
+        return edge, validate.lengths("lengths", lengths, B, T, first.device).long()
+
+    def logpartition(self, edge: Edge, lengths: torch.Tensor) -> torch.Tensor:
+        """⊕ over the segmentations of [0, L_b) of the ⊗ of their edges: (B,), or (k, B) for KMax(k).
+
+        alpha[0] = one on the virtual start row 0; alpha[t, c] = ⊕_{d, c_prev} alpha[t-d, c_prev] ⊗
+        edge[t-d, d-1, c_prev, c]; result ⊕_c alpha[L_b, c]. Differentiable.
+        """
+        edge, lengths = self._validate(edge, lengths)
+        sr = self.semiring
+        x = sr.convert(edge)  # (S, B, T, K, C, C)
+        B, T, K, C = x.shape[1:5]
+        start = torch.cat([sr.one((B, 1), x), sr.zero((B, C - 1), x)], dim=-1)  # (S, B, C)
+        alphas = [start]
+        for t in range(1, T + 1):
+            n = min(K, t)
+            durations = torch.arange(n, device=x.device)  # d - 1
+            previous = torch.stack(alphas[t - n:][::-1], dim=2)  # (S, B, n, C): alpha[t-d] for d = 1..n
+            step = sr.mul(previous.unsqueeze(-1), x[:, :, t - 1 - durations, durations])  # (S, B, n, C, C)
+            alphas.append(sr.sum(step, dim=(1, 2)))
+        final = torch.stack(alphas, dim=2)[:, torch.arange(B, device=x.device), lengths]  # (S, B, C)
+        return sr.unconvert(sr.sum(final, dim=1))
+
+    def marginals(self, edge: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """d logpartition / d edge, same shape as ``edge`` (not differentiable itself).
+
+        Log: P(segment [s, s+d) with label c entered from c_prev) (at s = 0 only row 0 is non-zero); a sequence
+        with no allowed segmentation (log Z = -inf) gets zeros. Max: the indicator of the best segmentation.
+        """
+        if not isinstance(self.semiring, (Log, Max)):
+            raise ValueError(f"marginals are defined for the Log and Max semirings, not {self.semiring!r}")
+        edge, lengths = self._validate(edge, lengths)
+        with torch.enable_grad():
+            leaf = edge.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(self.logpartition(leaf, lengths).sum(), leaf)
+        return grad

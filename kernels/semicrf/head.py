@@ -1,0 +1,170 @@
+"""``SemiMarkovCRFHead``: a semi-Markov CRF output layer (projection, partition, loss, decode).
+
+Per-position label scores (from ``hidden`` through an optional Linear projection) become ``cum_scores`` by a zero
+row and a cumulative sum, in float64 when the scores are float64 and in float32 otherwise; the head's
+``transition`` (C, C) or (K, C, C) and ``duration_bias`` (K, C) complete the model of shared/DESIGN.md.
+Two backends compute the same model: ``"streaming"`` (``semi_crf_streaming_forward``: O(K C) state, Triton on
+GPU; log and max semirings) and ``"exact"`` (``edges_from_streaming`` + ``SemiMarkov``: builds the
+(B, T, K, C, C) edge tensor; every semiring).
+
+Semiring names: ``"log"`` (log Z), ``"max"`` (best score), ``"entropy"`` (entropy of the model's distribution
+over segmentations), ``"counting"`` (number of segmentations with a finite score, i.e. allowed by the -inf
+entries of ``transition`` / ``duration_bias``; not differentiable), ``"kmax:k"`` (the k best scores, (k, B)).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from kernels import validate
+from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
+from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from kernels.semicrf.scoring import path_score, starts_from_labels
+from kernels.semicrf.structures import ViterbiResult
+from kernels.semiring import Counting, Entropy, KMax, Log, Max, Semiring
+
+DEFAULT_EXACT_MAX_BYTES = 256 * 2**20  # 256 MiB
+STREAMING_SEMIRINGS = ("log", "max")
+HIDDEN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def parse_semiring(name: object) -> Semiring:
+    """``"log"``, ``"max"``, ``"entropy"``, ``"counting"`` or ``"kmax:k"`` (k >= 1) to a semiring."""
+    fixed = {"log": Log, "max": Max, "entropy": Entropy, "counting": Counting}
+    if isinstance(name, str) and name in fixed:
+        return fixed[name]()
+    if isinstance(name, str) and name.startswith("kmax:") and name[5:].isdigit() and int(name[5:]) >= 1:
+        return KMax(int(name[5:]))
+    raise ValueError(f"semiring must be one of {list(fixed)} or 'kmax:k' with an integer k >= 1, got {name!r}")
+
+
+class SemiMarkovCRFHead(nn.Module):
+    """Semi-Markov CRF head over ``num_classes`` labels and durations 1..``max_duration`` (inclusive).
+
+    ``hidden_dim``: when given, a Linear(hidden_dim, C) maps hidden states to label scores; otherwise ``hidden``
+    already holds C label scores per position. ``transition="static"`` learns a (C, C) transition
+    ``[src, dst]``, ``"duration"`` a (K, C, C) one indexed by the duration of the entered segment. Both
+    ``transition`` and ``duration_bias`` start at zero. ``exact_max_bytes`` caps the edge tensor of the exact
+    backend (semiring channels x B x T x K x C x C x itemsize); a larger one is a ValueError, never an attempt.
+    ``use_triton`` is passed to the streaming API and Viterbi (False: always the PyTorch recursion).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        max_duration: int,
+        hidden_dim: Optional[int] = None,
+        *,
+        transition: str = "static",
+        exact_max_bytes: int = DEFAULT_EXACT_MAX_BYTES,
+        use_triton: bool = True,
+    ):
+        super().__init__()
+        C = validate.positive_int("num_classes", num_classes)
+        K = validate.positive_int("max_duration", max_duration)
+        self.transition_kind = validate.choice("transition", transition, ("static", "duration"))
+        self.exact_max_bytes = validate.positive_int("exact_max_bytes", exact_max_bytes)
+        if not isinstance(use_triton, bool):
+            raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+        self.use_triton = use_triton
+        self.num_classes, self.max_duration = C, K
+        self.transition = nn.Parameter(torch.zeros((C, C) if transition == "static" else (K, C, C)))
+        self.duration_bias = nn.Parameter(torch.zeros(K, C))
+        self.projection = None if hidden_dim is None else nn.Linear(validate.positive_int("hidden_dim", hidden_dim), C)
+
+    def extra_repr(self) -> str:
+        return (f"num_classes={self.num_classes}, max_duration={self.max_duration}, "
+                f"transition={self.transition_kind!r}, exact_max_bytes={self.exact_max_bytes}, "
+                f"use_triton={self.use_triton}")
+
+    def streaming_inputs(self, hidden: torch.Tensor, lengths: torch.Tensor):
+        """``(cum_scores (B, T+1, C), transition, duration_bias, lengths)`` for ``hidden`` (B, T, H), validated."""
+        device = self.duration_bias.device
+        hidden = validate.tensor("hidden", hidden, ndim=3, dtypes=HIDDEN_DTYPES, device=device)
+        B, T, features = hidden.shape
+        if self.projection is not None:
+            validate.tensor("hidden", hidden, dtypes=(self.projection.weight.dtype,))
+        expected = self.num_classes if self.projection is None else self.projection.in_features
+        if T < 1 or features != expected:
+            raise ValueError(f"hidden must have shape (B, T, {expected}) with T >= 1, got {tuple(hidden.shape)}")
+        lengths = validate.lengths("lengths", lengths, B, T, device)
+        scores = hidden if self.projection is None else self.projection(hidden)
+        dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+        scores = scores.to(dtype)
+        cum_scores = torch.cat([scores.new_zeros(B, 1, self.num_classes), scores.cumsum(dim=1)], dim=1)
+        return cum_scores, self.transition.to(dtype), self.duration_bias.to(dtype), lengths
+
+    def _exact(self, cum_scores, transition, duration_bias, lengths, semiring: Semiring) -> torch.Tensor:
+        B, T1, C = cum_scores.shape
+        nbytes = semiring.size * B * (T1 - 1) * self.max_duration * C * C * cum_scores.element_size()
+        if nbytes > self.exact_max_bytes:
+            raise ValueError(
+                f"the exact backend needs a {nbytes}-byte edge tensor for {semiring!r} (channels x B x T x K x C x C "
+                f"x itemsize), above exact_max_bytes = {self.exact_max_bytes}; use backend='streaming' (log, max), "
+                f"smaller inputs, or a larger exact_max_bytes")
+        edge = edges_from_streaming(cum_scores, transition, duration_bias, self.max_duration)
+        if isinstance(semiring, Counting):
+            edge = (edge.detach() > -math.inf).to(edge.dtype)
+        return SemiMarkov(semiring).logpartition(edge, lengths)
+
+    def _partition(self, inputs, backend: str, semiring: str) -> torch.Tensor:
+        backend = validate.choice("backend", backend, ("auto", "streaming", "exact"))
+        parsed = parse_semiring(semiring)
+        if backend == "auto":
+            backend = "streaming" if semiring in STREAMING_SEMIRINGS else "exact"
+        if backend == "exact":
+            return self._exact(*inputs, parsed)
+        if semiring not in STREAMING_SEMIRINGS:
+            raise ValueError(f"backend='streaming' supports semiring in {list(STREAMING_SEMIRINGS)}, got {semiring!r};"
+                             f" use backend='exact' or 'auto'")
+        return semi_crf_streaming_forward(*inputs, self.max_duration, semiring, use_triton=self.use_triton)
+
+    def forward(self, hidden: torch.Tensor, lengths: torch.Tensor, backend: str = "auto",
+                semiring: str = "log") -> torch.Tensor:
+        """Partition per sequence under ``semiring`` (see the module docstring): (B,), or (k, B) for ``"kmax:k"``.
+
+        ``backend="auto"`` takes the streaming API for log / max and the exact backend otherwise (a ValueError
+        when its edge tensor exceeds ``exact_max_bytes``).
+        """
+        return self._partition(self.streaming_inputs(hidden, lengths), backend, semiring)
+
+    def compute_loss(
+        self,
+        hidden: torch.Tensor,
+        lengths: torch.Tensor,
+        labels: torch.Tensor,
+        starts: Optional[torch.Tensor] = None,
+        reduction: str = "mean",
+        backend: str = "auto",
+    ) -> torch.Tensor:
+        """Negative log-likelihood ``log Z - score(gold)`` of the gold segmentation.
+
+        ``labels`` (B, T) int64 per position; ``starts`` (B, T) bool marks segment starts (None: a new segment
+        wherever the label changes). ``reduction``: ``"mean"`` / ``"sum"`` over the batch, or ``"none"`` (B,).
+        The NLL is >= 0 (clamped at 0 to absorb rounding) and ``exp(-NLL)`` sums to 1 over all segmentations.
+        An invalid gold (run longer than K, labels changing inside a segment, labels outside 0..C-1) or a gold the
+        model forbids (score -inf) is a ValueError.
+        """
+        reduction = validate.choice("reduction", reduction, ("mean", "sum", "none"))
+        inputs = self.streaming_inputs(hidden, lengths)
+        cum_scores, transition, duration_bias, lengths = inputs
+        labels = validate.tensor("labels", labels, ndim=2, dtypes=(torch.int64, torch.int32), device=cum_scores.device)
+        validate.shape("labels", labels, (cum_scores.shape[0], cum_scores.shape[1] - 1), "(B, T)")
+        if starts is None:
+            starts = starts_from_labels(labels, lengths)
+        gold = path_score(cum_scores, transition, duration_bias, lengths, starts, labels)
+        forbidden = gold == -math.inf
+        if bool(forbidden.any()):
+            b = int(forbidden.nonzero()[0])
+            raise ValueError(f"labels: the gold segmentation of sequence {b} has score -inf (it uses a transition or "
+                             f"duration the model forbids)")
+        nll = (self._partition(inputs, backend, "log") - gold).clamp_min(0)
+        return nll if reduction == "none" else getattr(nll, reduction)()
+
+    @torch.no_grad()
+    def decode(self, hidden: torch.Tensor, lengths: torch.Tensor) -> ViterbiResult:
+        """Best segmentation per sequence (``semi_crf_viterbi``): scores (B,) and segments; no gradient."""
+        return semi_crf_viterbi(*self.streaming_inputs(hidden, lengths), self.max_duration, use_triton=self.use_triton)
