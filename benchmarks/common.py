@@ -1,0 +1,407 @@
+"""Shared benchmark machinery: timing, peak memory, hardware floors, a wall-clock guard, errors, reports.
+
+Used by every family's benchmark script (``benchmarks/<family>.py``). Conventions:
+
+- Times are medians in seconds. On CUDA each timed call is bracketed by CUDA events after warm-up, and the L2
+  cache is flushed (a 256 MiB buffer is zeroed) before every timed call, as ``triton.testing.do_bench`` does,
+  so inputs that fit in L2 are never timed hot. On CPU, ``time.perf_counter`` (for testing the machinery).
+- Peak memory is the ``torch.cuda.max_memory_allocated`` delta around the first timed call (None on CPU).
+- A failure never disappears: every measurement carries a ``status`` (``ok``, ``oom``, ``error: ...``,
+  ``skipped: ...``) that reports print and write.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+import statistics
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+# ------------------------------------------------------------------------------------------- wall-clock guard
+
+
+class Deadline:
+    """A wall-clock budget for a whole benchmark run, started at construction."""
+
+    def __init__(self, budget_s: float):
+        if not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0, got {budget_s}")
+        self.budget_s = float(budget_s)
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def remaining(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    def share(self, fraction: float) -> "Deadline":
+        """A deadline with the same start that ends after ``fraction`` of this one's budget."""
+        part = Deadline(self.budget_s * fraction)
+        part.start = self.start
+        return part
+
+
+# ------------------------------------------------------------------------------------------------ failures
+
+
+def failure_status(exc: BaseException) -> str:
+    """``oom`` for an out-of-memory error (CUDA or host), else ``error: Type: message`` (one line, truncated)."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in message.lower() \
+            or "can't allocate memory" in message.lower():
+        return "oom"
+    return f"error: {type(exc).__name__}: {message[:200]}"
+
+
+def release_memory(device: torch.device) -> None:
+    """Give cached blocks back after a failure or between implementations."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def fits_in_memory(needed_bytes: float, device: torch.device, cpu_limit_bytes: float = 4 * 2**30) -> Optional[str]:
+    """None when ``needed_bytes`` fits in 80% of the device's free memory (CPU: ``cpu_limit_bytes``), else why not."""
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else cpu_limit_bytes
+    if needed_bytes <= 0.8 * free:
+        return None
+    return f"needs ~{needed_bytes / 2**30:.1f} GiB (estimate) > 80% of {free / 2**30:.1f} GiB available: not run"
+
+
+# -------------------------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Measurement:
+    """One timed quantity: ``result`` is what the first timed call returned, ``warmup_result`` what the first
+    warm-up call returned."""
+
+    status: str
+    median_s: Optional[float] = None
+    reps: int = 0
+    peak_bytes: Optional[int] = None
+    first_call_s: Optional[float] = None  # the first warm-up call, compilation included
+    result: Any = None
+    warmup_result: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Timer:
+    """Times callables on one device (see the module docstring for the method)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.flush = (torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=self.device)
+                      if self.device.type == "cuda" else None)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def wall(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        """Run ``fn`` once, untimed by events; return (seconds until the device finished, its result)."""
+        self.sync()
+        start = time.perf_counter()
+        out = fn()
+        self.sync()
+        return time.perf_counter() - start, out
+
+    def timed_call(self, fn: Callable[[], Any], track_peak: bool = False) -> tuple[float, Any, Optional[int]]:
+        """One timed call: (seconds, result, peak-memory delta in bytes if ``track_peak`` on CUDA, else None)."""
+        if self.device.type != "cuda":
+            seconds, out = self.wall(fn)
+            return seconds, out, None
+        self.flush.zero_()
+        if track_peak:
+            self.sync()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device) - base if track_peak else None
+        return start.elapsed_time(end) / 1e3, out, peak
+
+    def median(self, fn: Callable[[], Any], reps: int) -> float:
+        """Median seconds of ``reps`` timed calls."""
+        return statistics.median(self.timed_call(fn)[0] for _ in range(reps))
+
+    def measure(
+        self,
+        warmup: Callable[[], Any],
+        timed: Callable[[], Any],
+        deadline: Deadline,
+        *,
+        scale: float = 1.0,
+        target_s: float = 1.0,
+        min_reps: int = 3,
+        max_reps: int = 200,
+        slow_s: float = 2.0,
+    ) -> Measurement:
+        """Warm up, then time ``timed``; exceptions become the measurement's status.
+
+        ``warmup`` runs the same work on a problem ``scale`` times smaller (compiles kernels, costs little), twice;
+        the second call times ``scale`` estimate ``timed``. A call estimated to outlast the deadline is not made
+        (status ``skipped: ...``); one estimated under ``slow_s`` gets an untimed full call first (kernels
+        specialised on the full size compile there). Timed calls then stop after ``target_s`` of timed calls once
+        there are ``min_reps``, at ``max_reps``, or before the deadline would pass (at least one); the median is
+        robust to one slow first call of a slow implementation.
+        """
+        if deadline.remaining() <= 0:
+            return Measurement(status="skipped: wall-clock budget spent")
+        m = Measurement(status="ok")
+        times: list[float] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                m.first_call_s, m.warmup_result = self.wall(warmup)
+                estimate = self.wall(warmup)[0] * scale
+                if estimate > deadline.remaining():
+                    m.status = (f"skipped: one call would take ~{estimate:.3g} s (estimate), "
+                                f"{max(deadline.remaining(), 0):.3g} s of the budget left")
+                    return m
+                if scale > 1 and estimate < slow_s:
+                    self.wall(timed)
+                wanted = max_reps
+                while len(times) < wanted and (not times or deadline.remaining() > max(times)) \
+                        and not (len(times) >= min_reps and sum(times) >= target_s):
+                    seconds, out, peak = self.timed_call(timed, track_peak=not times)
+                    if not times:
+                        m.result, m.peak_bytes = out, peak
+                    del out
+                    times.append(seconds)
+                    wanted = max(min_reps, min(max_reps, int(target_s / max(min(times), 1e-9))))
+            m.notes = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:160]}" for w in caught})
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, never dropped
+            m.status = failure_status(exc)
+            m.result = m.warmup_result = None
+            release_memory(self.device)
+            return m
+        m.reps = len(times)
+        m.median_s = statistics.median(times)
+        if m.reps < min_reps:
+            m.notes.append(f"only {m.reps} timed call(s): wall-clock budget")
+        return m
+
+
+# ----------------------------------------------------------------------------------------- hardware floors
+
+
+@triton.jit
+def _dependent_lse_steps(x_ptr, out_ptr, n_steps, BLOCK: tl.constexpr):
+    """``n_steps`` dependent warp-wide logsumexps: s <- logsumexp(x + s/2)."""
+    x = tl.load(x_ptr + tl.arange(0, BLOCK))
+    s = tl.max(x, axis=0) * 0.0
+    for _ in range(n_steps):
+        y = x + 0.5 * s
+        m = tl.max(y, axis=0)
+        s = m + tl.log(tl.sum(tl.exp(y - m), axis=0))
+    tl.store(out_ptr, s)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """Measured device constants for hardware floors.
+
+    ``copy_bytes_per_s``: device-to-device copy bandwidth (bytes read + written per second).
+    ``step_s``: latency of one dependent step of a sequential recursion (one warp-wide logsumexp).
+    """
+
+    copy_bytes_per_s: float
+    copy_method: str
+    step_s: float
+    step_method: str
+
+    def bandwidth_floor(self, nbytes: float) -> float:
+        return nbytes / self.copy_bytes_per_s
+
+    def sequential_floor(self, steps: int) -> float:
+        return steps * self.step_s
+
+    def floor(self, nbytes: float, steps: int) -> tuple[float, str]:
+        """The larger of the two floors and which one it is (``bandwidth`` or ``sequential``)."""
+        bw, seq = self.bandwidth_floor(nbytes), self.sequential_floor(steps)
+        return (bw, "bandwidth") if bw >= seq else (seq, "sequential")
+
+    def describe(self) -> str:
+        return (f"bandwidth floor = bytes / {self.copy_bytes_per_s / 1e12:.3f} TB/s ({self.copy_method}); "
+                f"sequential floor = steps x {self.step_s * 1e9:.1f} ns ({self.step_method}); "
+                "each row uses the larger")
+
+
+def measure_floors(timer: Timer) -> Floors:
+    """Measure copy bandwidth and dependent-step latency on ``timer``'s device, in this run."""
+    device = timer.device
+    nbytes = L2_FLUSH_BYTES if device.type == "cuda" else 32 * 2**20
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timer.wall(lambda: dst.copy_(src))
+    copy_bw = 2 * nbytes / timer.median(lambda: dst.copy_(src), 10)
+    if device.type == "cuda":
+        x = torch.linspace(-1.0, 1.0, 32, device=device)
+        out = torch.empty(1, device=device)
+
+        def steps(n: int) -> Callable[[], Any]:
+            return lambda: _dependent_lse_steps[(1,)](x, out, n, BLOCK=32, num_warps=1)
+
+        short, long = 2**12, 2**16
+        steps(short)()  # compile
+        t_short, t_long = timer.median(steps(short), 5), timer.median(steps(long), 5)
+        step_s = max(t_long - t_short, 1e-12) / (long - short)
+        step_method = "dependent Triton loop, one warp-wide logsumexp per step"
+    else:
+        x = torch.linspace(-1.0, 1.0, 32, dtype=torch.float64)
+        n = 2000
+
+        def host_loop() -> None:
+            s = torch.zeros((), dtype=torch.float64)
+            for _ in range(n):
+                s = torch.logsumexp(x + 0.5 * s, 0)
+
+        step_s = timer.median(host_loop, 3) / n
+        step_method = "dependent loop of torch ops on the host (cpu)"
+    return Floors(copy_bw, f"{nbytes // 2**20} MiB device-to-device copy", step_s, step_method)
+
+
+# ------------------------------------------------------------------------------------------------ accuracy
+
+
+def rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| / max(|reference|, tiny), elementwise, in float64."""
+    v, r = value.double().cpu(), reference.double().cpu()
+    return float(((v - r).abs() / r.abs().clamp_min(1e-300)).max())
+
+
+def normwise_rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """||value - reference||_2 / ||reference||_2 in float64 (0 when both are zero)."""
+    v, r = value.double().cpu(), reference.double().cpu()
+    diff, norm = float(torch.linalg.vector_norm(v - r)), float(torch.linalg.vector_norm(r))
+    return diff / norm if norm > 0 else diff
+
+
+# -------------------------------------------------------------------------------------------- environment
+
+
+def environment(device: torch.device, packages: Sequence[str] = ()) -> dict:
+    """Device name, library versions (``packages`` by distribution name, 'absent' if not installed), commit."""
+    from importlib import metadata
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    for package in packages:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"device": {"type": device.type, "name": name}, "versions": versions, "commit": commit}
+
+
+# ------------------------------------------------------------------------------------------------- reports
+
+
+def fmt(value: Any, spec: str = ".3g") -> str:
+    """Table cell text: '-' for None, numbers formatted with ``spec``."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else format(value, spec)
+    return str(value)
+
+
+def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+
+
+def _strict_json(value: Any) -> Any:
+    """Non-finite floats become the strings 'nan', 'inf', '-inf' (strict JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Indented strict JSON (non-finite numbers written as strings), trailing newline."""
+    path.write_text(json.dumps(_strict_json(payload), indent=2, allow_nan=False) + "\n")
+
+
+def print_table(title: str, rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> None:
+    """A rich table; ``columns`` are (row key, header, number format)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for _, header, _ in columns:
+        table.add_column(header, overflow="ellipsis", no_wrap=True, max_width=32)
+    for row in rows:
+        table.add_row(*(fmt(row.get(key), spec) for key, _, spec in columns))
+    Console(width=200).print(table)
+
+
+def bar_chart(path: Path, title: str, groups: Sequence[str], series: dict[str, Sequence[Optional[float]]],
+              ylabel: str, targets: Optional[dict[str, Sequence[Optional[float]]]] = None) -> Optional[str]:
+    """Grouped bar chart (log y, a line at 1) saved to ``path``: one bar per series and group, 'n/a' where a value
+    is missing, and red marks at ``targets[series]``. Returns None, or why no chart was drawn (no matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError as exc:
+        return f"no chart: {exc}"
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.0))
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [v if v else 0.0 for v in values], width, label=label)
+        for x, v in zip(xs, values):
+            if not v:
+                ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=7)
+        marks = [(x, t) for x, t in zip(xs, (targets or {}).get(label, ())) if t is not None]
+        if marks:
+            ax.scatter(*zip(*marks), marker="_", s=400, color="red", zorder=3,
+                       label=f"target ({label})")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
