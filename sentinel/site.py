@@ -1,0 +1,72 @@
+"""The trace site's offline Mermaid: an mkdocs hook (``hooks:`` in mkdocs.yml) that serves Mermaid from the site.
+
+mkdocs-material renders ``pre.mermaid`` blocks itself and loads ``mermaid.min.js`` from a CDN unless
+``window.mermaid`` already exists when the first diagram is mounted. The hook adds two files to every build
+(``mkdocs build`` and ``mkdocs serve``), both listed in ``extra_javascript`` so they run before material mounts
+any diagram:
+
+- ``assets/javascripts/mermaid.min.js`` from the npm package ``mermaid@MERMAID_VERSION`` (``npm pack``, checked
+  against the pinned integrity, cached in ``build/mermaid-<version>/``, never committed);
+- ``assets/javascripts/mermaid-init.js``, which turns off Mermaid's own render-on-load pass so that material alone
+  renders the diagrams (with its theme colours, light and dark).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+
+MERMAID_VERSION = "11.17.2"
+MERMAID_INTEGRITY = "sha512-V6K3C8EBdEsPFZXSKMJe6ppQOENxuHARr9GvHX4hh47lAbhMRD9qf4oEK7LoaRQxULMa80/qt5gHO73aCleBBg=="
+MERMAID_URI = "assets/javascripts/mermaid.min.js"
+INIT_URI = "assets/javascripts/mermaid-init.js"
+INIT_JS = "// Material renders the diagrams (see sentinel/site.py); Mermaid must not start on its own.\n" \
+          "mermaid.initialize({ startOnLoad: false });\n"
+
+
+def integrity(data: bytes) -> str:
+    """npm's integrity string (``sha512-<base64>``) of a tarball."""
+    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+
+
+def mermaid_js(cache_dir: Path) -> Path:
+    """Path of ``mermaid.min.js`` of the pinned release, fetched with ``npm pack`` into ``cache_dir`` once."""
+    target = cache_dir / f"mermaid-{MERMAID_VERSION}" / "mermaid.min.js"
+    if target.is_file():
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PluginError(f"npm not found: the docs build fetches mermaid@{MERMAID_VERSION} from the npm registry "
+                          "with `npm pack` (install it: apt-get install npm)")
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([npm, "pack", f"mermaid@{MERMAID_VERSION}", "--json", "--pack-destination", tmp],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PluginError(f"npm pack mermaid@{MERMAID_VERSION} failed: {done.stderr.strip()}")
+        tarball = Path(tmp) / json.loads(done.stdout)[0]["filename"]
+        if integrity(tarball.read_bytes()) != MERMAID_INTEGRITY:
+            raise PluginError(f"{tarball.name} does not match the pinned integrity {MERMAID_INTEGRITY}")
+        with tarfile.open(tarball) as archive:
+            script = archive.extractfile("package/dist/mermaid.min.js").read()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".part")
+    partial.write_bytes(script)
+    partial.replace(target)
+    return target
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    """mkdocs hook: add the pinned Mermaid and its init script to the site."""
+    cache_dir = Path(config.config_file_path).resolve().parent / "build"
+    files.append(File.generated(config, MERMAID_URI, abs_src_path=str(mermaid_js(cache_dir))))
+    files.append(File.generated(config, INIT_URI, content=INIT_JS))
+    return files

@@ -1,0 +1,179 @@
+"""Browser test of the trace site: ``mkdocs build --strict`` of traces/, served on 127.0.0.1, every page opened in
+headless Chromium (Debian's ``chromium`` driven by Playwright). Every Mermaid block must render to an SVG that
+shows its labels, no page may log a console error, and no request may leave localhost (all are routed; non-local
+ones are recorded and aborted). Missing tooling fails the test with the install step, it never skips.
+
+``SENTINEL_SCREENSHOTS=DIR`` saves a full-page screenshot of every page there; ``SENTINEL_CHROMIUM`` overrides
+the browser path.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import http.server
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("SENTINEL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+# material renders each diagram into a *closed* shadow root; open them so the test can read the SVG.
+OPEN_SHADOW_ROOTS = """
+const attachShadow = Element.prototype.attachShadow;
+Element.prototype.attachShadow = function (init) { return attachShadow.call(this, { ...init, mode: "open" }); };
+"""
+RENDERED_SVG_TEXT = """() => [...document.querySelectorAll("div.mermaid")]
+    .map(d => d.shadowRoot && d.shadowRoot.querySelector("svg"))
+    .map(svg => svg ? svg.textContent : null)"""
+MERMAID_BLOCK = re.compile(r'<pre class="mermaid"><code>(.*?)</code></pre>', re.S)
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def require(ok: object, message: str) -> None:
+    if not ok:
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site built from traces/ with ``mkdocs build --strict`` into a temporary directory."""
+    for module in ("mkdocs", "material", "playwright"):
+        require(importlib.util.find_spec(module), f"{module} is not installed: pip install -e '.[docs]'")
+    require(shutil.which("npm"), "npm is not installed (the docs build fetches Mermaid with it): apt-get install npm")
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    require(done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_url(site: Path):
+    """``site`` served over HTTP on 127.0.0.1 from a background thread."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require(Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+def page_paths(site: Path) -> list[str]:
+    """URL paths of the built pages (directory URLs; the 404 page is not one)."""
+    return sorted("" if p.parent == site else p.parent.relative_to(site).as_posix() + "/"
+                  for p in site.rglob("index.html"))
+
+
+def url_of(document: Path) -> str:
+    """Directory URL of a Markdown document: ``a/b.md`` -> ``a/b/``, ``a/index.md`` -> ``a/``."""
+    stem = document.with_suffix("")
+    folder = stem.parent if stem.name == "index" else stem
+    return "" if folder == Path(".") else folder.as_posix() + "/"
+
+
+def offline_context(browser):
+    """A browser context whose requests off localhost are aborted and listed in the returned list."""
+    leaks: list[str] = []
+
+    def route(request_route) -> None:
+        url = urlparse(request_route.request.url)
+        if url.scheme in ("http", "https") and url.hostname not in LOCAL_HOSTS:
+            leaks.append(request_route.request.url)
+            request_route.abort()
+        else:
+            request_route.continue_()
+
+    context = browser.new_context()
+    context.add_init_script(OPEN_SHADOW_ROOTS)
+    context.route("**/*", route)
+    return context, leaks
+
+
+def console_errors(page) -> list[str]:
+    """A list that fills with the page's console errors and uncaught exceptions."""
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return errors
+
+
+def test_site_has_a_page_per_trace_document(site: Path) -> None:
+    documents = [p.relative_to(REPO / "traces") for p in (REPO / "traces").rglob("*.md")]
+    require(len(documents) >= 2, "traces/ holds no trace documents: run `sentinel trace`")
+    assert page_paths(site) == sorted(url_of(d) for d in documents)
+
+
+def test_every_page_renders_offline(site: Path, base_url: str, browser) -> None:
+    """Every diagram is an SVG showing every label of its source; no console error; no request off localhost."""
+    context, leaks = offline_context(browser)
+    screenshots = os.environ.get("SENTINEL_SCREENSHOTS")
+    diagrams = 0
+    for path in page_paths(site):
+        page = context.new_page()
+        errors = console_errors(page)
+        page.goto(base_url + path, wait_until="networkidle")
+        sources = [html.unescape(s) for s in MERMAID_BLOCK.findall((site / path / "index.html").read_text())]
+        if sources:
+            page.wait_for_function("n => document.querySelectorAll('div.mermaid').length >= n", arg=len(sources))
+            page.wait_for_function(f"() => ({RENDERED_SVG_TEXT})().every(t => t !== null)")
+        rendered = page.evaluate(RENDERED_SVG_TEXT)
+        assert len(rendered) == len(sources), f"{path}: {len(rendered)} diagrams rendered, {len(sources)} in the page"
+        for source, svg_text in zip(sources, rendered):
+            missing = [label for label in re.findall(r'"([^"]+)"', source) if label not in svg_text]
+            assert not missing, f"{path}: diagram rendered without the labels {missing}"
+        diagrams += len(sources)
+        if screenshots:
+            Path(screenshots).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(screenshots) / f"{path.strip('/').replace('/', '-') or 'index'}.png"),
+                            full_page=True)
+        assert not errors, f"{path}: console errors {errors}"
+        page.close()
+    context.close()
+    assert diagrams >= 2, "the trace site shows no Mermaid diagram"
+    assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
+
+
+def test_search_and_palette_toggle_work_offline(base_url: str, browser) -> None:
+    context, leaks = offline_context(browser)
+    page = context.new_page()
+    errors = console_errors(page)
+    page.goto(base_url, wait_until="networkidle")
+    meta = page.locator(".md-search-result__meta")
+    page.wait_for_function("m => !m.textContent.includes('Initializing')", arg=meta.element_handle())  # index loaded
+    page.locator("input.md-search__input").press_sequentially("viterbi")  # material searches on key events
+    page.wait_for_selector(".md-search-result__item")
+    assert "viterbi" in page.inner_text(".md-search-result__list").lower()
+    page.keyboard.press("Escape")
+    before = page.get_attribute("body", "data-md-color-scheme")
+    page.click("form[data-md-component='palette'] label:visible")
+    page.wait_for_function("s => document.body.getAttribute('data-md-color-scheme') !== s", arg=before)
+    assert {before, page.get_attribute("body", "data-md-color-scheme")} == {"default", "slate"}
+    assert not errors, f"console errors {errors}"
+    context.close()
+    assert not leaks, f"requests left localhost: {sorted(set(leaks))}"

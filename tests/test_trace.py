@@ -1,0 +1,215 @@
+"""``sentinel trace``: documents drawn from the code, deterministic, and ``--check`` catching drift.
+
+The git-level properties run ``python -m sentinel trace`` in a copy of the working tree turned into its own git
+repository (the real working tree and its git state are never touched).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.semicrf.dispatch import TREE
+from sentinel import registry, trace
+from sentinel.family import Invariant
+
+REPO = Path(__file__).resolve().parents[1]
+GIT_IDENTITY = ["-c", "user.name=sentinel test", "-c", "user.email=test@example.invalid", "-c", "commit.gpgsign=false"]
+COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "build", "site", ".venv",
+                                     "*.egg-info", ".whl")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *GIT_IDENTITY, *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def blob_id(path: Path) -> str:
+    return subprocess.run(["git", "hash-object", str(path)], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def sentinel_trace(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m sentinel trace ARGS`` importing the code of ``repo``."""
+    env = {**os.environ, "PYTHONPATH": str(repo), "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "sentinel", "trace", *args], cwd=repo, env=env, capture_output=True,
+                          text=True)
+
+
+def parse_flowchart(text: str) -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
+    """Mermaid ``flowchart`` text -> (node id -> label, node id -> [(edge label, child id)])."""
+    labels = dict(re.findall(r'^\s+(n\d+)[{(\[]+"([^"]+)"', text, re.M))
+    edges: dict[str, list[tuple[str, str]]] = {}
+    for parent, outcome, child in re.findall(r'^\s+(n\d+) -->\|"([^"]+)"\| (n\d+)$', text, re.M):
+        edges.setdefault(parent, []).append((outcome, child))
+    return labels, edges
+
+
+def leaf_paths(labels: dict[str, str], edges: dict[str, list[tuple[str, str]]]) -> dict[str, dict[str, str]]:
+    """Route label -> {condition label: outcome} along the drawn edges from the root."""
+    children = {child for kids in edges.values() for _, child in kids}
+    (root,) = [node for node in labels if node not in children]
+    found: dict[str, dict[str, str]] = {}
+
+    def walk(node: str, path: dict[str, str]) -> None:
+        if node not in edges:
+            found[labels[node]] = path
+        for outcome, child in edges.get(node, ()):
+            walk(child, {**path, labels[node]: outcome})
+
+    walk(root, {})
+    return found
+
+
+def test_decision_tree_diagram_is_the_dispatch_tree() -> None:
+    whole = trace.Group((), TREE.root)
+    labels, edges = parse_flowchart(trace.mermaid(whole))
+    drawn = leaf_paths(labels, edges)
+    assert drawn == {route.id: TREE.path_to(route.id) for route in TREE.routes()}
+    assert sum(len(kids) for kids in edges.values()) == len(labels) - 1  # a tree: one edge into every non-root
+
+
+def test_route_groups_cut_the_tree_at_depth_two() -> None:
+    groups = trace.route_groups(TREE)
+    assert [g.slug for g in groups] == ["partition-triton", "partition-torch", "viterbi"]
+    for group in groups:  # each group's diagram shows the path to it and exactly its routes
+        drawn = leaf_paths(*parse_flowchart(trace.mermaid(group)))
+        on_path = [r for r in TREE.routes()
+                   if all(TREE.path_to(r.id)[cond.name] == outcome for cond, outcome in group.path)]
+        assert drawn == {r.id: TREE.path_to(r.id) for r in on_path}
+    assert sorted(r for g in groups for r in leaf_paths(*parse_flowchart(trace.mermaid(g)))) == \
+        sorted(r.id for r in TREE.routes())
+
+
+def test_locations_are_read_from_the_source() -> None:
+    where = trace.locate(TREE.root.condition.ask)
+    lines = (REPO / where.path).read_text().splitlines()
+    assert lines[where.line - 1].startswith(f"def {TREE.root.condition.ask.__name__}(")
+    assert where.source.splitlines()[0] == lines[where.line - 1]
+
+
+def test_overview_has_every_section_and_every_route_at_its_definition(tmp_path) -> None:
+    (family,) = [f for f in registry.families() if f.name == "semicrf"]
+    text = trace.generate([family], tmp_path)["semicrf/index.md"]
+    for heading in ("Summary", "Decision tree", "Dispatch conditions", "Routes", "Entry points", "Critical invariants",
+                    "Numerical guards", "Known issues", "Verification", "Version history"):
+        assert f"\n## {heading}\n" in text
+    for route in family.tree.routes():
+        file = Path(sys.modules[route.fn.__module__].__file__).resolve()
+        lines = file.read_text().splitlines()
+        line = next(i for i, text_line in enumerate(lines, 1) if text_line.startswith(f"def {route.fn.__name__}("))
+        where = f"{file.relative_to(REPO).as_posix()}:{line}"
+        assert re.search(rf"^\| `{re.escape(route.id)}` \|.*\| `{re.escape(where)}` \|", text, re.M), route.id
+
+
+def test_generation_is_deterministic_and_fails_on_a_missing_linked_test(toy_family, tmp_path) -> None:
+    linked = Invariant("the diagram is the dispatch tree",
+                       "tests/test_trace.py::test_decision_tree_diagram_is_the_dispatch_tree")
+    family = toy_family(invariants=(linked,))
+    first = trace.generate([family], tmp_path)
+    assert first == trace.generate([family], tmp_path)
+    assert set(first) == {"index.md", "toy/index.md", "toy/fast.md", "toy/slow.md"}
+    assert all(f"`{linked.test}`" in text for name, text in first.items() if name != "index.md")
+    for missing in ("tests/test_trace.py::test_that_does_not_exist", "tests/test_nothing_here.py::test_x",
+                    "tests/test_trace.py::TestNoSuchClass::test_x"):
+        with pytest.raises(trace.TraceError, match=re.escape(missing)):
+            trace.generate([toy_family(invariants=(linked, Invariant("gone", missing)))], tmp_path)
+
+
+def test_drift_names_stale_missing_and_extra_documents(toy_family, tmp_path) -> None:
+    docs = trace.generate([toy_family()], tmp_path)
+    trace.write(docs, tmp_path)
+    record = tmp_path / "verification" / "toy-cpu.json"
+    record.parent.mkdir()
+    record.write_text("{}")  # records are not documents: never extra, never deleted
+    assert trace.drift(docs, tmp_path) == []
+    (tmp_path / "toy" / "fast.md").write_text(docs["toy/fast.md"].replace("toy.fast", "toy.quick", 1))
+    (tmp_path / "toy" / "slow.md").unlink()
+    (tmp_path / "toy" / "old.md").write_text("# an old trace\n")
+    found = {d.path: d for d in trace.drift(docs, tmp_path)}
+    assert {p: d.kind for p, d in found.items()} == {"toy/fast.md": "stale", "toy/slow.md": "missing",
+                                                     "toy/old.md": "extra"}
+    assert re.search(r"^-.*toy\.quick", found["toy/fast.md"].diff, re.M)
+    assert re.search(r"^\+.*toy\.fast", found["toy/fast.md"].diff, re.M)
+    trace.write(docs, tmp_path)
+    assert trace.drift(docs, tmp_path) == [] and record.read_text() == "{}"
+
+
+def test_verification_results_per_device_and_staleness(toy_family, tmp_path) -> None:
+    family = toy_family()
+    sources = {p.as_posix(): blob_id(REPO / p) for p in family.source_files()}
+    check = {"name": "reference", "status": "pass", "max_abs": 1.5e-7, "max_rel": 2.5e-8, "atol": 1e-5,
+             "rtol": 1e-5, "detail": "", "repro": ""}
+    failed = {**check, "name": "exact", "status": "fail", "max_abs": 0.01, "detail": "value differs",
+              "repro": "sentinel verify --route toy.fast --seed 3"}
+    routes = [{"id": "toy.fast", "family": "toy", "status": "fail", "checks": [check, failed]}]
+    edited = dict(sources, **{"kernels/dispatch.py": "0" * 40})
+    for slug, blobs, name in (("cpu", sources, "CPU (Triton interpreter)"), ("cuda-h9", edited, "H9")):
+        record = {"family": "toy", "device": {"type": slug.split("-")[0], "name": name}, "commit": "a" * 40,
+                  "versions": {"torch": "2.0"}, "sources": blobs, "routes": routes}
+        (tmp_path / "verification").mkdir(exist_ok=True)
+        (tmp_path / "verification" / f"toy-{slug}.json").write_text(json.dumps(record))
+    text = trace.generate([family], tmp_path)["toy/index.md"]
+    results = text.split("## Verification", 1)[1].split("## Version history", 1)[0]
+    cpu, cuda = results.split("### H9")
+    assert "### CPU (Triton interpreter) (`cpu`)" in cpu and "**current**" in cpu and "**stale**" not in cpu
+    assert "**stale**" in cuda and "`kernels/dispatch.py`" in cuda
+    assert "(../verification/toy-cuda-h9.json)" in cuda
+    for part in (cpu, cuda):
+        assert ("| `toy.fast` | **fail** | pass (abs 1.50e-07, rel 2.50e-08) | fail (abs 1.00e-02, rel 2.50e-08) |"
+                in part)
+        assert "| `toy.slow` | not run |" in part
+        assert "repro: `sentinel verify --route toy.fast --seed 3`" in part
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """The working tree copied into its own git repository with one commit."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, ignore=COPY_IGNORE)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first version")
+    probe = subprocess.run([sys.executable, "-c", "import sentinel.trace as t; print(t.REPO_ROOT)"], cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, check=True)
+    assert Path(probe.stdout.strip()) == repo.resolve()  # the copy's code runs, not the real tree's
+    return repo
+
+
+def test_trace_commit_check_cycle(repo_copy: Path) -> None:
+    """Generate -> check passes (a second process makes the same bytes) -> commit -> a source edit fails the check
+    naming the stale documents -> regenerate, commit source and traces together -> check passes."""
+    repo = repo_copy
+    generated = sentinel_trace(repo)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    docs = sorted(p.relative_to(repo).as_posix() for p in (repo / "traces").rglob("*.md"))
+    assert {"traces/index.md", "traces/semicrf/index.md"} <= set(docs)
+    assert all(str(repo) not in (repo / d).read_text() for d in docs)  # nothing depends on where the tree lives
+    checked = sentinel_trace(repo, "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "traces")
+
+    dispatch = repo / "kernels" / "semicrf" / "dispatch.py"
+    dispatch.write_text("# one more line\n" + dispatch.read_text())
+    stale = sentinel_trace(repo, "--check")
+    assert stale.returncode == 1
+    assert sorted(re.findall(r"stale: \S*?(traces/\S+\.md)", stale.stdout)) == sorted(
+        d for d in docs if d.startswith("traces/semicrf/"))
+    assert f"+| `kernels/semicrf/dispatch.py` | `{blob_id(dispatch)}` |" in stale.stdout
+
+    assert sentinel_trace(repo).returncode == 0
+    ask_op_line = dispatch.read_text().splitlines().index("def ask_op(call: StreamingCall) -> str:") + 1
+    overview = (repo / "traces" / "semicrf" / "index.md").read_text()
+    assert f"`kernels/semicrf/dispatch.py:{ask_op_line}`" in overview
+    previous = git(repo, "log", "-1", "--format=%H", "--", "kernels")
+    assert f"follows commit `{previous[:12]}`" in overview  # the version before this one
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "edit dispatch and regenerate traces in one commit")
+    after = sentinel_trace(repo, "--check")
+    assert after.returncode == 0, after.stdout + after.stderr
