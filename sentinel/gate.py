@@ -2,17 +2,20 @@
 
 CI machines usually have no GPU, so the gate runs what a CPU can and demands a current GPU record for the rest:
 
-1. **affected families**: with ``--base REF``, the files changed since REF (committed, staged, unstaged and
-   untracked) are mapped to families through the registry (``Family.source_files()``); a change under
-   ``sentinel/`` or to ``pyproject.toml`` affects every family. Without ``--base`` every family is affected.
-2. **verify** each affected family on the CPU (``sentinel verify --device cpu``: Triton under its interpreter).
-3. **traces**: ``sentinel trace --check`` (always: it is cheap, and a hand-edited trace must fail).
-4. **GPU record**: each affected family whose sources define Triton kernels needs a record from a CUDA device
-   (``traces/verification/<family>-cuda-*.json``) whose git blob ids match the current sources and whose routes
-   all passed.
+1. **affected families**: with ``--base REF``, the files changed since the merge base of REF and HEAD
+   (committed, staged, unstaged and untracked; a rename counts as both paths) are mapped to families through the
+   registry: a family's ``Family.source_files()``, or a ``.py`` file (e.g. a deleted one) in the directories
+   those live in. A change under ``sentinel/`` or to ``pyproject.toml`` affects every family. Without ``--base``
+   every family is affected.
+2. **verify** each affected family on the CPU (``sentinel verify --device cpu`` in a fresh process: Triton under
+   its interpreter).
+3. **GPU record**: each affected family whose sources define Triton kernels needs a record from a CUDA device
+   (``traces/verification/<family>-cuda-*.json``) whose git blob ids match the current sources, which covers
+   every route of the current tree, and whose routes all passed.
+4. **traces**: the check of ``sentinel trace --check`` (always: it is cheap, and a hand-edited trace must fail).
 
-A docs-only change affects no family: the gate runs the trace check and nothing else. Exit 0 when every step
-passed, 1 on a failure, 2 on a usage error (e.g. an unknown ``--base``).
+A docs-only change affects no family: the gate checks the traces and nothing else. Every failure says what to
+do. Exit 0 when every step passed, 1 on a failure, 2 on a usage error (e.g. an unknown ``--base``).
 """
 from __future__ import annotations
 
@@ -24,69 +27,122 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from rich.markup import escape
 from rich.table import Table
 
-from sentinel import console, records, registry
+from sentinel import console, records, registry, trace
 from sentinel.family import REPO_ROOT, Family
 
 GLOBAL_INPUTS = ("sentinel/", "pyproject.toml")
-RECORD_HINT = "run `sentinel verify --device cuda --record` on a GPU and commit the record"
+RECORD_HINT = "run `sentinel verify --device cuda --record` on a GPU, then `sentinel trace`, and commit both"
+TRACE_HINT = "run `sentinel trace` and commit the result"
+DETAIL_LIMIT = 2000  # characters of evidence (a trace diff, verify's output) kept in a step's detail
 
 
 @dataclass(frozen=True)
 class Step:
-    """One gate step's outcome; ``detail`` says what to do when it failed."""
+    """One gate step's outcome. ``detail``'s first line is the verdict (on failure: what to do); further lines
+    are evidence (a diff, an error output)."""
 
     name: str
     family: str
     passed: bool
     detail: str
 
-    def as_dict(self) -> dict:
+    @property
+    def headline(self) -> str:
+        return self.detail.splitlines()[0] if self.detail else ""
+
+    def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "family": self.family, "status": "pass" if self.passed else "fail",
                 "detail": self.detail}
 
 
+def _clip(text: str, keep_end: bool) -> str:
+    """``text`` cut to ``DETAIL_LIMIT`` characters: its end (an error output) or its start (a diff)."""
+    text = text.strip()
+    if len(text) <= DETAIL_LIMIT:
+        return text
+    return "…" + text[-DETAIL_LIMIT:] if keep_end else text[:DETAIL_LIMIT] + "…"
+
+
+# ------------------------------------------------------------------------------------------ affected families
+
+
+def merge_base(base: str) -> str:
+    """The commit where HEAD's history left ``base`` (what a pull request's diff starts from); ``RuntimeError``
+    when ``base`` is not a commit or shares no history with HEAD."""
+    records.git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
+    return records.git("merge-base", base, "HEAD")
+
+
 def changed_files(base: str) -> list[str]:
-    """Repo-relative paths that differ from ``base``: committed since, staged, unstaged, and untracked."""
-    diff = records.git("diff", "--name-only", base, "--").splitlines()
+    """Repo-relative paths that differ from the merge base of ``base`` and HEAD: committed since, staged,
+    unstaged, and untracked (not ignored); renames give both paths."""
+    diff = records.git("diff", "--name-only", "--no-renames", merge_base(base), "--").splitlines()
     untracked = records.git("ls-files", "--others", "--exclude-standard").splitlines()
     return sorted(set(diff) | set(untracked))
 
 
 def affected(family: Family, changed: Sequence[str]) -> list[str]:
-    """The changed files that can change ``family``'s behaviour."""
-    sources = {str(p) for p in family.source_files()}
-    return [f for f in changed if f in sources or f.startswith(GLOBAL_INPUTS)]
+    """The changed files that can change ``family``'s behaviour: its sources, a ``.py`` file where its sources
+    live (one added or deleted), and the global inputs (``GLOBAL_INPUTS``)."""
+    sources = {p.as_posix() for p in family.source_files()}
+    source_dirs = {Path(p).parent for p in sources}
+    return [f for f in changed if f in sources or f.startswith(GLOBAL_INPUTS)
+            or (f.endswith(".py") and Path(f).parent in source_dirs)]
 
 
 def triton_sources(family: Family) -> list[str]:
     """The family's source files that define Triton kernels."""
-    return [str(p) for p in family.source_files() if "@triton.jit" in (REPO_ROOT / p).read_text()]
+    return [p.as_posix() for p in family.source_files() if "@triton.jit" in (REPO_ROOT / p).read_text()]
+
+
+# ------------------------------------------------------------------------------------------------------ steps
+
+
+def _listing(paths: Sequence[str]) -> str:
+    verb = "has" if len(paths) == 1 else "have"
+    return f"{', '.join(paths)} {verb}"
+
+
+def record_problem(family: Family, record: dict[str, Any], current: dict[str, str]) -> Optional[str]:
+    """Why ``record`` does not vouch for ``family`` as it is now (sources ``current``), or None when it does."""
+    where = record["device"]["name"]
+    changed = sorted(p for p in set(current) | set(record["sources"]) if record["sources"].get(p) != current.get(p))
+    if changed:
+        return f"{_listing(changed)} changed since the last GPU verification on {where}: {RECORD_HINT}"
+    by_id = {r["id"]: r["status"] for r in record["routes"]}
+    missing = [r.id for r in family.tree.routes() if r.id not in by_id]
+    if missing:
+        return f"the GPU record from {where} lacks routes {', '.join(missing)}: {RECORD_HINT}"
+    failed = [route_id for route_id, status in by_id.items() if status != "pass"]
+    if failed:
+        return f"routes {', '.join(failed)} failed on {where}: fix them, then {RECORD_HINT}"
+    return None
 
 
 def gpu_record_step(family: Family) -> Step:
-    """Pass when a CUDA record of ``family`` matches the current sources and all its routes passed."""
-    current = records.blob_ids(family.source_files())
-    cuda = [r for r in records.load_records() if r["family"] == family.name and r["device"]["type"] == "cuda"]
+    """Pass when some CUDA record of ``family`` matches the current sources, covers every route, all passed."""
+    try:
+        cuda = [r for r in records.load_records() if r["family"] == family.name and r["device"]["type"] == "cuda"]
+    except ValueError as exc:
+        return Step("gpu-record", family.name, False, f"unreadable verification record ({exc}): {RECORD_HINT}")
     if not cuda:
-        return Step("gpu-record", family.name, False, f"no GPU verification record for {family.name}: {RECORD_HINT}")
+        return Step("gpu-record", family.name, False,
+                    f"no GPU verification record of {family.name} in {records.RECORD_DIR}/: its Triton kernels "
+                    f"({', '.join(triton_sources(family))}) ran only under the CPU interpreter here; {RECORD_HINT}")
+    current = records.blob_ids(family.source_files())
     problems = []
     for record in cuda:
-        stale = sorted(p for p in current if record["sources"].get(p) != current[p])
-        failed = [r["id"] for r in record["routes"] if r["status"] != "pass"]
-        if not stale and not failed:
-            return Step("gpu-record", family.name, True, f"current record from {record['device']['name']}")
-        if stale:
-            problems.append(f"{', '.join(stale)} changed since its last GPU verification on "
-                            f"{record['device']['name']}: {RECORD_HINT}")
-        else:
-            problems.append(f"the GPU record from {record['device']['name']} has failing routes "
-                            f"{', '.join(failed)}: fix them, then {RECORD_HINT}")
-    return Step("gpu-record", family.name, False, "; ".join(problems))
+        problem = record_problem(family, record, current)
+        if problem is None:
+            return Step("gpu-record", family.name, True,
+                        f"current record from {record['device']['name']} (commit {record['commit'][:12]})")
+        problems.append(problem)
+    return Step("gpu-record", family.name, False, "\n".join(problems))
 
 
 def _sentinel(*args: str) -> subprocess.CompletedProcess:
@@ -95,89 +151,120 @@ def _sentinel(*args: str) -> subprocess.CompletedProcess:
 
 def verify_step(family: Family, quick: bool) -> Step:
     """``sentinel verify --family F --device cpu`` in a fresh process (the Triton interpreter needs one)."""
+    repro = f"sentinel verify --family {family.name} --device cpu{' --quick' if quick else ''}"
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp, "report.json")
         done = _sentinel("verify", "--family", family.name, "--device", "cpu", "--json", str(report_path),
                          *(["--quick"] if quick else []))
-        if done.returncode == 0:
-            routes = json.loads(report_path.read_text())["routes"]
-            return Step("verify-cpu", family.name, True, f"{len(routes)} routes passed")
-        if report_path.exists():
-            routes = json.loads(report_path.read_text())["routes"]
-            failed = [f"{r['id']} ({', '.join(c['name'] for c in r['checks'] if c['status'] != 'pass')})"
-                      for r in routes if r["status"] != "pass"]
-            detail = f"failing routes: {'; '.join(failed)}" if failed else "verify failed"
-        else:
-            detail = f"verify exited {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"
-        return Step("verify-cpu", family.name, False,
-                    f"{detail}; reproduce with `sentinel verify --family {family.name} --device cpu`")
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+    if done.returncode == 0 and report is not None:
+        return Step("verify-cpu", family.name, True, f"{len(report['routes'])} routes passed on the CPU")
+    if report is None:
+        return Step("verify-cpu", family.name, False, f"verify exited {done.returncode} without a report: "
+                    f"reproduce with `{repro}`\n{_clip(done.stderr or done.stdout, keep_end=True)}")
+    failed = [f"{r['id']} ({', '.join(c['name'] for c in r['checks'] if c['status'] != 'pass')})"
+              for r in report["routes"] if r["status"] != "pass"]
+    problems = [*(["failing routes: " + "; ".join(failed)] if failed else []), *report.get("problems", [])]
+    return Step("verify-cpu", family.name, False,
+                f"{'; '.join(problems) or 'no route ran'}: reproduce with `{repro}`")
 
 
-def trace_step() -> Step:
-    done = _sentinel("trace", "--check")
-    if done.returncode == 0:
+def trace_step(families: Sequence[Family]) -> Step:
+    """The check of ``sentinel trace --check``, in this process."""
+    try:
+        found = trace.drift(trace.generate(families), trace.TRACES_DIR)
+    except (RuntimeError, ValueError) as exc:  # TraceError, git failing, no family at all
+        return Step("trace-check", "*", False, f"the traces cannot be generated: {exc}")
+    if not found:
         return Step("trace-check", "*", True, "traces match the code")
-    stale = (done.stdout + done.stderr).strip()
-    return Step("trace-check", "*", False,
-                f"traces are stale: run `sentinel trace` and commit the result\n{stale[-1500:]}")
+    stale = ", ".join(f"{(trace.TRACES_DIR / d.path).relative_to(REPO_ROOT)} ({d.kind})" for d in found)
+    evidence = _clip("".join(d.diff for d in found), keep_end=False)
+    return Step("trace-check", "*", False, f"traces out of date: {stale}: {TRACE_HINT}\n{evidence}".strip())
+
+
+# ------------------------------------------------------------------------------------------------------- gate
 
 
 def run_gate(base: Optional[str], quick: bool) -> tuple[list[str], dict[str, list[str]], list[Step]]:
-    """The changed files (None-base: empty), the affected families with their reasons, and every step."""
-    families = registry.families()
+    """The changed files (empty without ``base``), the affected families with the files that affect them, and
+    every step's outcome."""
+    changed = changed_files(base) if base is not None else []
+    try:
+        families = registry.families()
+    except Exception as exc:  # a broken family.py: report it like any other failure
+        return changed, {}, [Step("registry", "*", False, f"cannot load the kernel families: "
+                                  f"{type(exc).__name__}: {exc}: fix the family's family.py")]
     if base is None:
-        changed: list[str] = []
         reasons = {f.name: ["no --base: every family"] for f in families}
     else:
-        changed = changed_files(base)
         reasons = {f.name: files for f in families if (files := affected(f, changed))}
     steps = []
     for family in families:
-        if family.name not in reasons:
-            continue
-        steps.append(verify_step(family, quick))
-        if triton_sources(family):
-            steps.append(gpu_record_step(family))
-    steps.append(trace_step())
+        if family.name in reasons:
+            steps.append(verify_step(family, quick))
+            if triton_sources(family):
+                steps.append(gpu_record_step(family))
+    steps.append(trace_step(families))
     return changed, reasons, steps
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("gate", help="CI gate: CPU verification, trace drift, current GPU records",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", metavar="REF", help="check only the families affected by changes since REF")
+    parser.add_argument("--base", metavar="REF", help="check only the families affected by changes since REF "
+                        "(from the merge base of REF and HEAD), e.g. origin/main")
     parser.add_argument("--quick", action="store_true", help="pass --quick to sentinel verify")
     parser.add_argument("--json", metavar="PATH", help="write the gate result as JSON")
     parser.add_argument("--junit", metavar="PATH", help="write the gate result as JUnit XML")
 
 
 def write_junit(path: str, steps: Sequence[Step]) -> None:
-    suite = ET.Element("testsuite", name="sentinel gate", tests=str(len(steps)),
-                       failures=str(sum(not s.passed for s in steps)))
+    """One ``testcase`` per step (``classname`` gate.<family>, ``name`` the step); a failure carries the detail."""
+    failures = str(sum(not s.passed for s in steps))
+    suites = ET.Element("testsuites", name="sentinel", tests=str(len(steps)), failures=failures)
+    suite = ET.SubElement(suites, "testsuite", name="sentinel gate", tests=str(len(steps)), failures=failures,
+                          errors="0", skipped="0")
     for step in steps:
         case = ET.SubElement(suite, "testcase", classname=f"gate.{step.family}", name=step.name)
-        if not step.passed:
-            ET.SubElement(case, "failure", message=step.detail.splitlines()[0]).text = step.detail
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        if step.passed:
+            ET.SubElement(case, "system-out").text = step.detail
+        else:
+            ET.SubElement(case, "failure", message=step.headline).text = step.detail
+    ET.ElementTree(suites).write(path, encoding="unicode", xml_declaration=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.base is not None:
-        try:
-            records.git("rev-parse", "--verify", "--quiet", f"{args.base}^{{commit}}")
-        except RuntimeError:
-            return console.usage_error(f"--base {args.base!r} is not a commit of this repository")
-    changed, reasons, steps = run_gate(args.base, args.quick)
-    if args.base is not None:
-        console.err.print(f"{len(changed)} files changed since {args.base}; affected families: "
+def print_summary(base: Optional[str], changed: Sequence[str], reasons: dict[str, list[str]],
+                  steps: Sequence[Step]) -> None:
+    """Affected families (stderr), a table of steps with their verdicts, each failure's evidence, a last line."""
+    if base is not None:
+        console.err.print(f"{len(changed)} files changed since {base}; affected families: "
                           f"{', '.join(sorted(reasons)) or 'none (verification not needed)'}", highlight=False)
     table = Table(title="sentinel gate")
     for column in ("step", "family", "status", "detail"):
         table.add_column(column, overflow="fold")
     for step in steps:
         status = "[green]pass[/]" if step.passed else "[bold red]FAIL[/]"
-        table.add_row(step.name, step.family, status, escape(step.detail))
+        table.add_row(step.name, step.family, status, escape(step.headline))
     console.out.print(table)
+    for step in steps:
+        evidence = step.detail.partition("\n")[2]
+        if not step.passed and evidence:
+            console.out.print(f"[bold red]{step.name}[/] {escape(step.family)}:\n{escape(evidence)}",
+                              soft_wrap=True, highlight=False)
+    failed = sum(not s.passed for s in steps)
+    console.out.print(f"gate {'failed' if failed else 'passed'}: {len(steps) - failed}/{len(steps)} steps passed",
+                      highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.base is not None:
+        try:
+            merge_base(args.base)
+        except RuntimeError:
+            return console.usage_error(f"--base {args.base!r} is not a commit that shares history with HEAD "
+                                       "(in CI, fetch the base branch with its history)")
+    changed, reasons, steps = run_gate(args.base, args.quick)
+    print_summary(args.base, changed, reasons, steps)
     passed = all(s.passed for s in steps)
     if args.json:
         Path(args.json).write_text(records.dumps({
