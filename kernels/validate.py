@@ -6,7 +6,7 @@ with a message that names the argument and says what was expected.
 from __future__ import annotations
 
 import operator
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -64,12 +64,16 @@ def choice(name: str, value: object, options: Sequence[str]) -> str:
     return value  # type: ignore[return-value]
 
 
-def lengths(name: str, x: object, batch: int, max_length: int, device: torch.device) -> torch.Tensor:
-    """Integer lengths (B,) with 1 <= L <= max_length, on ``device``."""
+def lengths(name: str, x: object, batch: int, max_length: int, device: torch.device,
+            checks: Optional["DataChecks"] = None) -> torch.Tensor:
+    """Integer lengths (B,) with 1 <= L <= max_length, on ``device``. The range check reads the data: it joins
+    ``checks`` when given (one sync for all), else runs now."""
     x = tensor(name, x, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     shape(name, x, (batch,), "(B,)")
-    if batch and (int(x.min()) < 1 or int(x.max()) > max_length):
-        raise ValueError(f"{name} must lie in 1..{max_length}, got min {int(x.min())}, max {int(x.max())}")
+    pending = checks if checks is not None else DataChecks()
+    pending.in_range(name, x, 1, max_length)
+    if checks is None:
+        pending.verify()
     return x
 
 
@@ -81,3 +85,37 @@ def finite(name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
     if bool(bad.any()):
         what = "NaN or +inf" if allow_neg_inf else "NaN or inf"
         raise ValueError(f"{name} contains {what} (at index {tuple(bad.nonzero()[0].tolist())})")
+
+
+class DataChecks:
+    """Checks that read tensor values (finiteness, ranges), evaluated together with a single host sync.
+
+    Each check queues a 0-d boolean computed on the tensor's device; :meth:`verify` fetches them all at once and,
+    for the first that failed, re-runs the detailed check that raises the named error.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[torch.Tensor, Callable[[], None]]] = []
+
+    def finite(self, name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
+        """Queue :func:`finite` (``x < inf`` is False for NaN and +inf, True for -inf)."""
+        ok = (x < float("inf")).all() if allow_neg_inf else torch.isfinite(x).all()
+        self._pending.append((ok, lambda: finite(name, x, allow_neg_inf=allow_neg_inf)))
+
+    def in_range(self, name: str, x: torch.Tensor, low: int, high: int) -> None:
+        """Queue ``low <= x <= high`` elementwise."""
+
+        def explain() -> None:
+            raise ValueError(f"{name} must lie in {low}..{high}, got min {int(x.min())}, max {int(x.max())}")
+
+        self._pending.append((((x >= low) & (x <= high)).all(), explain))
+
+    def verify(self) -> None:
+        """Raise the named error of the first failed check, if any."""
+        if not self._pending:
+            return
+        flags = torch.stack([ok.to(self._pending[0][0].device) for ok, _ in self._pending]).tolist()
+        for good, (_, explain) in zip(flags, self._pending):
+            if not good:
+                explain()
+        self._pending.clear()

@@ -205,22 +205,24 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
     semiring = validate.choice("semiring", semiring, SEMIRINGS)
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
-    validate.finite("cum_scores", cum_scores)
+    checks = validate.DataChecks()
+    checks.finite("cum_scores", cum_scores)
     transition = validate.tensor("transition", transition, ndim=(2, 3), dtypes=(dtype,), device=device)
     if transition.dim() == 2:
         validate.shape("transition", transition, (C, C), "(C, C)")
     else:
         validate.shape("transition", transition, (K, C, C), "(K, C, C)")
-    validate.finite("transition", transition, allow_neg_inf=True)
+    checks.finite("transition", transition, allow_neg_inf=True)
     duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=(dtype,), device=device)
     validate.shape("duration_bias", duration_bias, (K, C), "(K, C)")
-    validate.finite("duration_bias", duration_bias, allow_neg_inf=True)
-    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device)
+    checks.finite("duration_bias", duration_bias, allow_neg_inf=True)
+    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device, checks)
     for name, proj in (("proj_start", proj_start), ("proj_end", proj_end)):
         if proj is not None:
             validate.tensor(name, proj, ndim=3, dtypes=(dtype,), device=device)
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
-            validate.finite(name, proj, allow_neg_inf=True)
+            checks.finite(name, proj, allow_neg_inf=True)
+    checks.verify()
     return StreamingCall(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
                          use_triton)
 
