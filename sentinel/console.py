@@ -1,0 +1,22 @@
+"""The consoles every command prints to (results on stdout, progress and errors on stderr), and usage errors.
+
+When stdout is not a terminal (CI logs, pipes) and ``COLUMNS`` is unset, results are laid out 132 columns wide
+rather than rich's default 80, so that tables keep one line per row.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+
+out = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 132)
+err = Console(stderr=True)
+
+USAGE = 2
+
+
+def usage_error(message: str) -> int:
+    """Print ``message`` as a usage error on stderr; return exit code 2."""
+    err.print(f"[bold red]usage error:[/] {message}", highlight=False)
+    return USAGE

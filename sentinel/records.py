@@ -1,0 +1,184 @@
+"""Verification results and the records ``sentinel verify --record`` writes for the trace generator and the gate.
+
+A route result (also the route objects of the JSON report)::
+
+    {"id", "family", "status": "pass"|"fail",
+     "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "detail", "repro"}]}
+
+Errors and tolerances are floats, or null where nothing was compared or the error is not finite.
+
+A record, ``traces/verification/<family>-<device slug>.json``::
+
+    {"family", "device": {"type": "cuda"|"cpu", "name"}, "versions": {"torch", "triton", "python"},
+     "commit": <git HEAD>, "sources": {<repo-relative path>: <git blob id>}, "routes": [<route result>]}
+
+written with sorted keys, indent 2 and a trailing newline, so the same results give the same bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from sentinel.family import REPO_ROOT, Family
+
+RECORD_DIR = Path("traces") / "verification"
+
+
+def _number(x: Optional[float]) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check of one route. ``max_abs``/``max_rel``/``atol``/``rtol`` are None where nothing was compared."""
+
+    name: str
+    passed: bool
+    detail: str
+    repro: str
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    atol: Optional[float] = None
+    rtol: Optional[float] = None
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "max_abs": _number(self.max_abs),
+            "max_rel": _number(self.max_rel),
+            "atol": _number(self.atol),
+            "rtol": _number(self.rtol),
+            "detail": self.detail,
+            "repro": self.repro,
+        }
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    """Every check of one route; the route passes when it has checks and all of them pass."""
+
+    id: str
+    family: str
+    checks: Sequence[CheckResult] = field(default_factory=tuple)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    def check(self, name: str) -> CheckResult:
+        return next(c for c in self.checks if c.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "family": self.family, "status": self.status,
+                "checks": [c.as_dict() for c in self.checks]}
+
+
+# ----------------------------------------------------------------------------------------------------- git
+
+
+def git(*args: str) -> str:
+    """Output of ``git <args>`` in the repository root (stripped); raises ``RuntimeError`` when git fails."""
+    done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def head_commit() -> str:
+    """The sha of HEAD, or ``"unknown"`` outside a git checkout."""
+    try:
+        return git("rev-parse", "HEAD")
+    except (RuntimeError, OSError):
+        return "unknown"
+
+
+def blob_ids(paths: Sequence[Path]) -> dict[str, str]:
+    """``{repo-relative path: git blob id of the working-tree file}`` (``git hash-object``)."""
+    names = [str(p) for p in paths]
+    if not names:
+        return {}
+    ids = git("hash-object", "--", *names).splitlines()
+    return dict(zip(names, ids))
+
+
+# -------------------------------------------------------------------------------------------------- device
+
+
+def device_slug(device: dict[str, str]) -> str:
+    """``cpu``, or ``cuda-`` and the lower-cased device name with runs of other characters as ``-``
+    (e.g. ``cuda-nvidia-h100-80gb-hbm3``)."""
+    if device["type"] == "cpu":
+        return "cpu"
+    return device["type"] + "-" + re.sub(r"[^a-z0-9]+", "-", device["name"].lower()).strip("-")
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}
+
+
+# ------------------------------------------------------------------------------------------------- records
+
+
+def record_dir() -> Path:
+    """Where records live: ``traces/verification`` under the repository root."""
+    return REPO_ROOT / RECORD_DIR
+
+
+def record_path(family: str, device: dict[str, str]) -> Path:
+    return record_dir() / f"{family}-{device_slug(device)}.json"
+
+
+def make_record(family: Family, device: dict[str, str], routes: Sequence[RouteResult]) -> dict[str, Any]:
+    """The record of one family's verification on one device (see the module docstring)."""
+    return {
+        "family": family.name,
+        "device": dict(device),
+        "versions": versions(),
+        "commit": head_commit(),
+        "sources": blob_ids(family.source_files()),
+        "routes": [r.as_dict() for r in routes],
+    }
+
+
+def dumps(obj: Any) -> str:
+    """Deterministic JSON text: sorted keys, indent 2, trailing newline."""
+    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def save_record(record: dict[str, Any]) -> Path:
+    path = record_path(record["family"], record["device"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(record))
+    return path
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """Read a record, checking it has every top-level key of the format (``ValueError`` otherwise)."""
+    record = json.loads(Path(path).read_text())
+    missing = {"family", "device", "versions", "commit", "sources", "routes"} - set(record)
+    if missing:
+        raise ValueError(f"record {path} lacks {sorted(missing)}")
+    return record
+
+
+def load_records() -> list[dict[str, Any]]:
+    """Every record under ``traces/verification``, in file-name order."""
+    return [load_record(p) for p in sorted(record_dir().glob("*.json"))]

@@ -1,0 +1,128 @@
+"""How verification results are shown and written: a rich progress bar (stderr), a rich table (stdout), the JSON
+report and JUnit XML.
+
+JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see sentinel.records>]}``, plus
+``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route
+and check (``classname`` = route id, ``name`` = check).
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sentinel import console
+from sentinel.records import CheckResult, RouteResult, dumps
+
+
+def run_with_progress(selected: Sequence[tuple[Any, str]], options: Any, verify_route: Callable[..., RouteResult],
+                      checks: Sequence[str]) -> list[RouteResult]:
+    """``verify_route(family, route_id, options, progress)`` for each selected route, with a progress bar on stderr
+    that advances once per check."""
+    results = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console.err) as progress:
+        task = progress.add_task("verify", total=len(selected) * len(checks))
+        for i, (family, route_id) in enumerate(selected):
+            def step(check: str, route_id: str = route_id, done: int = i * len(checks)) -> None:
+                progress.update(task, completed=done + checks.index(check), description=f"{route_id} {check}")
+
+            results.append(verify_route(family, route_id, options, step))
+        progress.update(task, completed=len(selected) * len(checks), description="verify")
+    return results
+
+
+def _error_cell(check: Optional[CheckResult]) -> str:
+    if check is None or check.max_abs is None:
+        return "-"
+    return f"{check.max_abs:.2e} / {check.max_rel:.2e}"
+
+
+def _tolerance_cell(check: Optional[CheckResult]) -> str:
+    if check is None or check.atol is None:
+        return "-"
+    return f"{check.atol:g} / {check.rtol:g}"
+
+
+def _find(result: RouteResult, name: str) -> Optional[CheckResult]:
+    return next((c for c in result.checks if c.name == name), None)
+
+
+def results_table(results: Sequence[RouteResult]) -> Table:
+    """One row per route: checks passed, max abs/rel error vs reference and vs exact, tolerance, status."""
+    table = Table(title="sentinel verify", show_lines=False)
+    table.add_column("route", no_wrap=True)
+    table.add_column("checks")
+    table.add_column("vs reference (abs / rel)", justify="right")
+    table.add_column("vs exact (abs / rel)", justify="right")
+    table.add_column("tolerance (atol / rtol)", justify="right")
+    table.add_column("status")
+    for r in results:
+        failed = [c.name for c in r.checks if not c.passed]
+        passed = len(r.checks) - len(failed)
+        checks = f"{passed}/{len(r.checks)}" + (f" failed: {', '.join(failed)}" if failed else "")
+        reference = _find(r, "reference")
+        status = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
+        table.add_row(r.id, checks, _error_cell(reference), _error_cell(_find(r, "exact")),
+                      _tolerance_cell(reference), status)
+    return table
+
+
+def print_results(results: Sequence[RouteResult], problems: Sequence[str], elapsed: float,
+                  device: dict[str, str]) -> None:
+    """The table, then every failing check with its detail and repro command, then a one-line summary."""
+    out = console.out
+    out.print(results_table(results))
+    for r in results:
+        for c in r.checks:
+            if not c.passed:
+                out.print(f"[bold red]FAIL[/] {escape(r.id)} [bold]{c.name}[/]: {escape(c.detail)}", soft_wrap=True)
+                out.print(f"     reproduce: {escape(c.repro)}", soft_wrap=True, highlight=False)
+    for problem in problems:
+        out.print(f"[bold red]FAIL[/] {escape(problem)}", soft_wrap=True)
+    failed = sum(not r.passed for r in results)
+    if not results:
+        out.print("[bold red]no route ran[/]")
+    out.print(f"{len(results)} routes on {device['name']}: {len(results) - failed} passed, {failed} failed "
+              f"in {elapsed:.1f} s", highlight=False)
+
+
+def json_report(results: Sequence[RouteResult], commit: str, device: dict[str, str],
+                problems: Sequence[str] = ()) -> dict[str, Any]:
+    report: dict[str, Any] = {"commit": commit, "device": dict(device), "routes": [r.as_dict() for r in results]}
+    if problems:
+        report["problems"] = list(problems)
+    return report
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(report))
+
+
+def junit_xml(results: Sequence[RouteResult]) -> ET.ElementTree:
+    """One ``testcase`` per (route, check); a failing check carries a ``failure`` with its detail and repro."""
+    cases = [(r, c) for r in results for c in r.checks]
+    failures = sum(not c.passed for _, c in cases)
+    suites = ET.Element("testsuites", name="sentinel", tests=str(len(cases)), failures=str(failures))
+    suite = ET.SubElement(suites, "testsuite", name="sentinel verify", tests=str(len(cases)),
+                          failures=str(failures), errors="0", skipped="0")
+    for r, c in cases:
+        case = ET.SubElement(suite, "testcase", classname=r.id, name=c.name)
+        if not c.passed:
+            failure = ET.SubElement(case, "failure", message=c.detail[:500])
+            failure.text = f"{c.detail}\nreproduce: {c.repro}"
+        else:
+            ET.SubElement(case, "system-out").text = c.detail
+    return ET.ElementTree(suites)
+
+
+def write_junit(path: Path, results: Sequence[RouteResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tree = junit_xml(results)
+    ET.indent(tree)
+    tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,69 @@
+"""``sentinel routes``: print every family's dispatch tree (rich Tree), or its routes as JSON with ``--json``."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.tree import Tree as RichTree
+
+from sentinel import console
+from sentinel.family import REPO_ROOT, Family
+
+
+def where(fn: Any) -> str:
+    """``path:line`` of a function's definition, the path relative to the repository root when inside it."""
+    fn = inspect.unwrap(fn)
+    path = Path(inspect.getsourcefile(fn)).resolve()
+    line = inspect.getsourcelines(fn)[1]
+    return f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{line}"
+
+
+def family_routes(family: Family) -> dict[str, Any]:
+    """``{"family", "entry", "routes": [{"id", "path": {condition: outcome}, "function", "where"}]}``."""
+    routes = [{"id": route.id, "path": {cond.name: outcome for cond, outcome in path},
+               "function": f"{route.fn.__module__}.{route.fn.__qualname__}", "where": where(route.fn)}
+              for route, path in family.tree.paths()]
+    return {"family": family.name, "entry": family.tree.name, "routes": routes}
+
+
+def rich_tree(family: Family) -> RichTree:
+    """The family's decision tree: condition nodes, edges labelled by outcome, route leaves with id and source."""
+    from kernels.dispatch import Branch
+
+    def add(parent: RichTree, node: Any, label: str) -> None:
+        if isinstance(node, Branch):
+            branch = parent.add(f"{label}[bold]{escape(node.condition.name)}?[/]")
+            for outcome, child in node.children.items():
+                add(branch, child, f"[cyan]{escape(outcome)}[/] -> ")
+        else:
+            parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {where(node.fn)}[/]")
+
+    top = RichTree(f"[bold magenta]{escape(family.name)}[/] ({len(family.tree.routes())} routes)")
+    add(top, family.tree.root, "")
+    return top
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("routes", help="print the dispatch trees", description=__doc__)
+    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to show (default: all)")
+    p.add_argument("--json", action="store_true", help="print the routes as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sentinel import registry
+    from sentinel.records import dumps
+
+    try:
+        families = registry.select(args.family)
+    except registry.UnknownFamily as exc:
+        return console.usage_error(exc.args[0])
+    if args.json:
+        sys.stdout.write(dumps({"families": [family_routes(f) for f in families]}))
+    else:
+        for family in families:
+            console.out.print(rich_tree(family))
+    return 0 if families else 1

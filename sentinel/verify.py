@@ -1,0 +1,357 @@
+"""``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
+
+For each route (a leaf of the family's dispatch tree) six checks run and are reported separately:
+
+- ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
+  route id (a mis-dispatched or unreachable route fails; nothing is skipped).
+- ``reference``: outputs and every gradient against the family's PyTorch reference run in float64.
+- ``exact``: the same against each oracle (exact backend; brute force at tiny sizes).
+- ``properties``: the family's hypothesis properties for the route, seeded, shrinking to a minimal example.
+- ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
+  ``ValueError``/``TypeError`` where declared; never NaN.
+- ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it.
+
+A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
+
+Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, or when a
+family declares an invariant whose test does not exist; 2 on usage errors: an unknown family, a ``--route`` glob
+that matches no route, ``--record`` with ``--route`` (a record covers every route), ``--device cuda`` without a
+GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from sentinel import console
+from sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
+from sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
+from sentinel.records import CheckResult, RouteResult
+
+CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input")
+DEFAULT_EXAMPLES = 12
+QUICK_EXAMPLES = 2
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to verify: device, seed (inputs and hypothesis), examples per property, quick mode (tiny sizes), and
+    which checks to run (all of them, unless a test or a debugging session narrows it)."""
+
+    device: torch.device
+    seed: int = 0
+    examples: int = DEFAULT_EXAMPLES
+    quick: bool = False
+    checks: tuple[str, ...] = CHECKS
+
+    def size(self, wanted: str) -> str:
+        """The case size to use where ``wanted`` is asked for (``--quick`` runs everything at ``tiny``)."""
+        return "tiny" if self.quick else wanted
+
+    def repro(self, family: str, route_id: str) -> str:
+        """The command that reruns exactly this route's checks."""
+        quick = " --quick" if self.quick else ""
+        return (f"sentinel verify --family {family} --route {route_id} --device {self.device.type} "
+                f"--seed {self.seed} --examples {self.examples}{quick}")
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+class RouteRun:
+    """One route's cases and outputs, each built and run once per size (a failure is kept and re-raised)."""
+
+    def __init__(self, family: Family, route_id: str, options: Options):
+        self.family, self.route_id, self.options = family, route_id, options
+        self._cases: dict[str, Case] = {}
+        self._outputs: dict[str, Any] = {}
+
+    def case(self, size: str) -> Case:
+        if size not in self._cases:
+            self._cases[size] = self.family.make_case(self.route_id, size=size, dtype=self.family.dtype,
+                                                      device=self.options.device, seed=self.options.seed)
+        return self._cases[size]
+
+    def outputs(self, size: str) -> Outputs:
+        if size not in self._outputs:
+            try:
+                self._outputs[size] = run_route(self.family.run, self.case(size))
+            except Exception as exc:  # kept: every later check on this size reports the same failure
+                self._outputs[size] = exc
+        result = self._outputs[size]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def _errors(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """The largest errors over ``measurements`` and the tolerance of the one closest to failing (empty when
+    nothing was compared)."""
+    if not measurements:
+        return {}
+    worst = max(measurements, key=lambda m: m.ratio)
+    return {"max_abs": max(m.max_abs for m in measurements), "max_rel": max(m.max_rel for m in measurements),
+            "atol": worst.atol, "rtol": worst.rtol}
+
+
+def _measured(name: str, measurements: Sequence[Measurement], repro: str) -> CheckResult:
+    """A check made of comparisons: passes when there is at least one and all pass."""
+    failing = [str(m) for m in measurements if not m.ok]
+    lines = failing + [str(m) for m in measurements if m.ok]
+    passed = bool(measurements) and not failing
+    return CheckResult(name, passed, "; ".join(lines) or "nothing was compared", repro, **_errors(measurements))
+
+
+def _listed(names: Sequence[str]) -> str:
+    return f": {', '.join(names)}" if names else ""
+
+
+def _summarized(name: str, problems: Sequence[str], summary: str, measurements: Sequence[Measurement],
+                repro: str) -> CheckResult:
+    """A check made of items: passes when no item has a problem; the detail lists problems, then ``summary``."""
+    return CheckResult(name, not problems, "; ".join([*problems, summary]), repro, **_errors(measurements))
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+
+
+def check_route(run: RouteRun, repro: str) -> CheckResult:
+    size = run.options.size("small")
+    run.outputs(size)
+    return CheckResult("route", True, f"recorded {run.route_id!r} for {run.case(size).description}", repro)
+
+
+def check_reference(run: RouteRun, repro: str) -> CheckResult:
+    case = run.case(run.options.size("small"))
+    tol = run.family.tolerance(run.family.dtype)
+    got = run.outputs(run.options.size("small"))
+    return _measured("reference", compare_outputs(got, run.family.reference(case), tol, "float64 reference"), repro)
+
+
+def check_exact(run: RouteRun, repro: str) -> CheckResult:
+    if not run.family.oracles:
+        return CheckResult("exact", False, "no oracle declared for the family", repro)
+    tol = run.family.tolerance(run.family.dtype)
+    measurements: list[Measurement] = []
+    for oracle in run.family.oracles:
+        size = run.options.size(oracle.size)
+        want = oracle.compute(run.case(size))
+        measurements += compare_outputs(run.outputs(size), want, tol, oracle.name)
+    return _measured("exact", measurements, repro)
+
+
+def falsify(prop: Property, route_id: str, options: Options) -> Optional[tuple[Any, BaseException]]:
+    """Run ``prop`` under hypothesis (seeded, shrinking); ``None`` when it holds, else the minimal failing
+    example and its error."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+
+    last: dict[str, Any] = {}
+
+    def body(example: Any) -> None:
+        last["example"] = example
+        prop.check(route_id, example, options.device)
+
+    test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
+                    phases=(Phase.explicit, Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=False, print_blob=False)(given(prop.example())(body))
+    try:
+        seed(options.seed)(test)()
+    except Exception as exc:  # the minimal example is the last one hypothesis ran before re-raising
+        return last.get("example"), exc
+    return None
+
+
+def check_properties(run: RouteRun, repro: str) -> CheckResult:
+    props = [p for p in run.family.properties if matches(run.route_id, p.routes)]
+    if not props:
+        return CheckResult("properties", False, "no property declared for this route", repro)
+    notes, held, measurements = [], [], []
+    for prop in props:
+        with measuring() as measured:
+            failure = falsify(prop, run.route_id, run.options)
+        measurements += measured
+        if failure is None:
+            held.append(prop.name)
+        else:
+            example, exc = failure
+            notes.append(f"property {prop.name!r} fails; minimal example: {example!r}; {_error(exc)}")
+    summary = f"{len(held)}/{len(props)} properties hold ({run.options.examples} examples each)" + _listed(held)
+    return _summarized("properties", notes, summary, measurements, repro)
+
+
+def check_guards(run: RouteRun, repro: str) -> CheckResult:
+    items = [a for a in run.family.adversarial if matches(run.route_id, a.routes)]
+    if not items:
+        return CheckResult("guards", False, "no adversarial input declared for this route", repro)
+    base = run.case("tiny")
+    notes, passed, measurements = [], [], []
+    for item in items:
+        with measuring() as measured:
+            problem = _guard_problem(run, item, base)
+        measurements += measured
+        if problem:
+            notes.append(f"{item.name}: {problem}")
+        else:
+            passed.append(item.name)
+    summary = f"{len(passed)}/{len(items)} adversarial inputs handled" + _listed(passed)
+    return _summarized("guards", notes, summary, measurements, repro)
+
+
+def _guard_problem(run: RouteRun, item: Adversarial, base: Case) -> Optional[str]:
+    """What went wrong with one adversarial input, or None."""
+    try:
+        case = item.make(base)
+        outputs = run_route(run.family.run, case)
+    except (ValueError, TypeError) as exc:
+        return None if item.errors_ok else f"raised {_error(exc)}"
+    except Exception as exc:
+        return f"raised {_error(exc)}"
+    bad = non_finite(outputs, item.allow_inf)
+    if bad:
+        return "; ".join(bad)
+    if item.expect is not None:
+        try:
+            item.expect(case, outputs)
+        except AssertionError as exc:
+            return str(exc)
+    return None
+
+
+def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
+    items = [b for b in run.family.bad_inputs if matches(run.route_id, b.routes)]
+    if not items:
+        return CheckResult("bad_input", False, "no bad input declared for this route", repro)
+    base = run.case("tiny")
+    notes = []
+    for item in items:
+        label = f"{item.argument} ({item.what})"
+        try:
+            run.family.run(item.make(base))
+        except (ValueError, TypeError) as exc:
+            if not re.search(rf"\b{re.escape(item.argument)}\b", str(exc)):
+                notes.append(f"{label}: message does not name {item.argument!r}: {_error(exc)}")
+        except Exception as exc:
+            notes.append(f"{label}: raised {_error(exc)}, expected ValueError or TypeError")
+        else:
+            notes.append(f"{label}: accepted without error")
+    summary = f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them"
+    return _summarized("bad_input", notes, summary, (), repro)
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
+    "route": check_route,
+    "reference": check_reference,
+    "exact": check_exact,
+    "properties": check_properties,
+    "guards": check_guards,
+    "bad_input": check_bad_input,
+}
+
+
+def verify_route(family: Family, route_id: str, options: Options,
+                 progress: Callable[[str], None] = lambda check: None) -> RouteResult:
+    """Every check of one route; an exception inside a check fails that check only."""
+    run = RouteRun(family, route_id, options)
+    repro = options.repro(family.name, route_id)
+    checks = []
+    for name in options.checks:
+        progress(name)
+        torch.manual_seed(options.seed)
+        try:
+            checks.append(CHECK_FUNCTIONS[name](run, repro))
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            detail = f"{_error(exc)} (at {Path(where.filename).name}:{where.lineno})"
+            checks.append(CheckResult(name, False, detail, repro))
+    return RouteResult(route_id, family.name, tuple(checks))
+
+
+def select_routes(families: Sequence[Family], globs: Sequence[str]) -> list[tuple[Family, str]]:
+    """``(family, route id)`` for every route matching one of ``globs`` (every route when empty), in tree order."""
+    return [(f, r.id) for f in families for r in f.tree.routes() if not globs or matches(r.id, globs)]
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from sentinel.device import DEVICE_CHOICES
+
+    p = subparsers.add_parser(
+        "verify", help="run every dispatch route and cross-check it",
+        description=__doc__.split("\n\n")[0] + " Exit 0 when every selected route ran and passed, 1 on any "
+        "failure (also when no route ran), 2 on usage errors (unknown family, a --route glob matching no route).")
+    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: all)")
+    p.add_argument("--route", nargs="+", action="extend", metavar="GLOB",
+                   help="only routes whose id matches one of these fnmatch globs, e.g. 'semicrf.torch.*'")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="auto: cuda when available, else cpu (Triton routes then run under the Triton interpreter)")
+    p.add_argument("--quick", action="store_true", help=f"tiny inputs only, {QUICK_EXAMPLES} examples per property")
+    p.add_argument("--examples", type=_positive, metavar="N",
+                   help=f"hypothesis examples per property (default {DEFAULT_EXAMPLES}, {QUICK_EXAMPLES} with --quick)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of hypothesis (default 0)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the JSON report here")
+    p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here (one testcase per route and check)")
+    p.add_argument("--record", action="store_true",
+                   help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sentinel import device as devices
+    from sentinel import records, registry, report
+
+    try:
+        device = devices.prepare(args.device)
+    except ValueError as exc:
+        return console.usage_error(str(exc))
+    if args.record and args.route:
+        return console.usage_error("--record writes a record of every route of a family; drop --route")
+    try:
+        families = registry.select(args.family)
+    except registry.UnknownFamily as exc:
+        return console.usage_error(exc.args[0])
+    globs = args.route or []
+    selected = select_routes(families, globs)
+    unmatched = [g for g in globs if not select_routes(families, [g])]
+    if unmatched:
+        return console.usage_error(f"--route {' '.join(unmatched)} matches no route; see `sentinel routes`")
+    examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
+    options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+        results = report.run_with_progress(selected, options, verify_route, options.checks)
+    elapsed = time.perf_counter() - start
+    problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
+
+    info = devices.info(device)
+    report.print_results(results, problems, elapsed, info)
+    commit = records.head_commit()
+    if args.json:
+        report.write_json(args.json, report.json_report(results, commit, info, problems))
+    if args.junit:
+        report.write_junit(args.junit, results)
+    if args.record:
+        for family in families:
+            ran = [r for r in results if r.family == family.name]
+            path = records.save_record(records.make_record(family, info, ran))
+            console.err.print(f"recorded {path}")
+    ok = bool(results) and all(r.passed for r in results) and not problems
+    return 0 if ok else 1

@@ -1,0 +1,133 @@
+"""The ``sentinel`` command line: exit codes, reports, records, ``routes``, ``python -m sentinel``, and the Triton
+interpreter switch. Most tests run in-process on the toy family of conftest.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from sentinel import device, records, registry
+from sentinel.cli import main
+from sentinel.family import REPO_ROOT
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INFO = device.info(torch.device(DEVICE))
+
+
+@pytest.fixture
+def only_toy(monkeypatch, toy_family):
+    monkeypatch.setattr(registry, "families", lambda package="kernels": [toy_family()])
+
+
+def verify(*args: str) -> int:
+    return main(["verify", "--device", DEVICE, "--examples", "2", *args])
+
+
+def test_passing_route_exits_0_and_writes_json_and_junit(only_toy, tmp_path, capsys):
+    assert verify("--route", "toy.slow", "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")) == 0
+    out = capsys.readouterr().out
+    assert "toy.slow" in out and f"1 routes on {INFO['name']}: 1 passed, 0 failed" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["commit"] == records.head_commit()
+    assert report["device"] == INFO
+    assert [(r["id"], r["status"]) for r in report["routes"]] == [("toy.slow", "pass")]
+    assert len(list(ET.parse(tmp_path / "j.xml").getroot().iter("testcase"))) == 6
+
+
+def test_failing_route_exits_1_and_prints_detail_and_repro(only_toy, capsys):
+    assert verify("--family", "toy") == 1
+    out = capsys.readouterr().out
+    assert "FAIL toy.fast reference" in out
+    assert f"reproduce: sentinel verify --family toy --route toy.fast --device {DEVICE} --seed 0 --examples 2" in out
+    assert f"2 routes on {INFO['name']}: 1 passed, 1 failed" in out
+
+
+def test_usage_errors_exit_2(only_toy, capsys):
+    assert verify("--family", "nope") == 2
+    assert "unknown family nope" in capsys.readouterr().err
+    assert verify("--route", "toy.slow", "nomatch.*") == 2
+    assert "--route nomatch.* matches no route" in capsys.readouterr().err
+    assert verify("--record", "--route", "toy.slow") == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--no-such-option"])
+    assert exc.value.code == 2
+
+
+def test_no_route_run_is_a_failure(monkeypatch, capsys):
+    monkeypatch.setattr(registry, "families", lambda package="kernels": [])
+    assert verify() == 1
+    assert "no route ran" in capsys.readouterr().out
+
+
+def test_cuda_without_gpu_is_a_usage_error(only_toy, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["verify", "--device", "cuda"]) == 2
+    assert "no CUDA device is available" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no CUDA device"):
+        device.prepare("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # on a GPU machine this process compiled its kernels for CUDA
+    assert device.prepare("auto") == torch.device("cpu")
+
+
+def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
+    assert verify("--record") == 1  # toy.fast fails; the record says so
+    record = records.load_record(tmp_path / f"toy-{records.device_slug(INFO)}.json")
+    assert record["family"] == "toy" and record["device"] == INFO
+    assert [r["status"] for r in record["routes"]] == ["fail", "pass"]
+    assert set(record["versions"]) == {"torch", "triton", "python"}
+
+
+def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
+    from sentinel.family import Invariant
+
+    broken = toy_family(invariants=(Invariant("sums", "tests/test_cli.py::test_does_not_exist"),))
+    monkeypatch.setattr(registry, "families", lambda package="kernels": [broken])
+    assert verify("--route", "toy.slow") == 1
+    assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
+
+
+def test_routes_prints_trees_and_json(capsys):
+    assert main(["routes"]) == 0
+    out = capsys.readouterr().out
+    assert "semicrf.triton.log.train" in out and "kernels/semicrf/dispatch.py:" in out
+    assert main(["routes", "--json", "--family", "semicrf"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    routes = data["families"][0]["routes"]
+    assert [r["id"] for r in routes] == [r.id for r in registry.select(["semicrf"])[0].tree.routes()]
+    assert routes[0]["path"] == {"op": "partition", "backend": "triton", "semiring": "log", "grad": "infer"}
+
+
+def test_entry_point_and_python_dash_m():
+    assert 'sentinel = "sentinel.cli:main"' in (REPO_ROOT / "pyproject.toml").read_text()
+    done = subprocess.run([sys.executable, "-m", "sentinel", "--help"], cwd=REPO_ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and "verify" in done.stdout and "routes" in done.stdout
+
+
+def test_cli_switches_the_triton_interpreter_on_for_cpu(tmp_path):
+    """A fresh process without TRITON_INTERPRET: the CLI must set it before the kernels are imported, so the
+    Triton route is reached and runs on CPU tensors."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel", "verify", "--route", "semicrf.triton.max.infer", "--device", "cpu",
+         "--quick", "--examples", "1", "--json", str(tmp_path / "r.json")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (route,) = json.loads((tmp_path / "r.json").read_text())["routes"]
+    assert route["id"] == "semicrf.triton.max.infer" and route["status"] == "pass"
+    assert route["checks"][0]["detail"].startswith("recorded 'semicrf.triton.max.infer'")
+
+
+def test_cpu_refuses_kernels_compiled_before_the_interpreter_switch(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "kernels.fake.triton_kernel", object())
+    with pytest.raises(ValueError, match=r"kernels\.fake\.triton_kernel.*imported before TRITON_INTERPRET=1"):
+        device.prepare("cpu")
+    assert not device.interpreter_on()

@@ -1,0 +1,242 @@
+"""The verifier is itself tested: a toy family with a planted-wrong route, broken declarations, and bugs planted in
+text-mutated copies of the semi-CRF PyTorch reference, each of which must make ``verify`` fail naming the route
+and the check."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import types
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.semicrf import dispatch
+from kernels.semicrf.family import FAMILY as SEMICRF
+from sentinel import records, registry, report
+from sentinel.checks import compare
+from sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
+from sentinel.verify import CHECKS, Options, select_routes, verify_route
+
+CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
+QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
+
+
+def statuses(result) -> dict[str, str]:
+    return {c.name: c.status for c in result.checks}
+
+
+# ---------------------------------------------------------------------------------------------- toy family
+
+
+def test_correct_route_passes_every_check(toy_family):
+    result = verify_route(toy_family(), "toy.slow", CPU)
+    assert [c.name for c in result.checks] == list(CHECKS)
+    assert result.passed, [c.detail for c in result.checks if not c.passed]
+    reference = result.check("reference")
+    assert reference.max_abs is not None and reference.max_abs <= reference.atol
+
+
+def test_planted_bug_fails_reference_exact_and_properties_with_minimal_example(toy_family):
+    family = toy_family()
+    result = verify_route(family, "toy.fast", CPU)
+    assert statuses(result) == {"route": "pass", "reference": "fail", "exact": "fail", "properties": "fail",
+                                "guards": "pass", "bad_input": "pass"}
+    x = family.make_case("toy.fast", size="small", dtype=torch.float32, device=CPU.device, seed=0).kwargs["x"]
+    assert result.check("reference").max_abs == pytest.approx(1e-3 * float(x[:, 0].abs().max()), rel=1e-3)
+    prop = result.check("properties")
+    assert "minimal example: 1;" in prop.detail  # shrunk to the smallest row length
+    assert prop.repro == "sentinel verify --family toy --route toy.fast --device cpu --seed 0 --examples 3"
+
+
+def test_misdispatched_route_fails_route_check(toy_family):
+    def always_slow(route_id, **kw):
+        case = toy_family().make_case("toy.slow", **kw)
+        return type(case)(route_id, case.entry, case.kwargs, case.description)
+
+    result = verify_route(toy_family(make_case=always_slow), "toy.fast", CPU)
+    route = result.check("route")
+    assert not route.passed and "intended route 'toy.fast', dispatcher recorded ['toy.slow']" in route.detail
+    assert not result.check("reference").passed  # every run asserts the route
+
+
+def test_unreachable_route_fails_instead_of_skipping(toy_family):
+    def unreachable(route_id, **kw):
+        raise RuntimeError(f"cannot build inputs for {route_id}")
+
+    result = verify_route(toy_family(make_case=unreachable), "toy.slow", CPU)
+    assert not result.passed
+    assert [c.name for c in result.checks if not c.passed] == ["route", "reference", "exact", "guards", "bad_input"]
+    assert "cannot build inputs for toy.slow" in result.check("route").detail
+
+
+def test_nothing_declared_is_a_failure(toy_family):
+    result = verify_route(toy_family(oracles=(), properties=(), adversarial=(), bad_inputs=()), "toy.slow", CPU)
+    assert statuses(result) == {"route": "pass", "reference": "pass", "exact": "fail", "properties": "fail",
+                                "guards": "fail", "bad_input": "fail"}
+
+
+def test_guard_catches_undeclared_infinity_and_errors(toy_family):
+    huge = Adversarial("huge", ("toy.*",), lambda c: c.with_kwargs("3e38", x=torch.full_like(c.kwargs["x"], 3e38).requires_grad_()))
+    guards = verify_route(toy_family(adversarial=(huge,)), "toy.slow", CPU).check("guards")
+    assert not guards.passed and "huge: value has inf" in guards.detail  # the float32 sum overflows
+    allowed = Adversarial("huge", ("toy.*",), huge.make, allow_inf=("value",))
+    assert verify_route(toy_family(adversarial=(allowed,)), "toy.slow", CPU).check("guards").passed
+    error_not_allowed = Adversarial("NaN input", ("toy.*",), lambda c: c.with_kwargs(
+        "NaN", x=torch.full_like(c.kwargs["x"], math.nan).requires_grad_()))
+    guards = verify_route(toy_family(adversarial=(error_not_allowed,)), "toy.slow", CPU).check("guards")
+    assert not guards.passed and "raised ValueError: x contains NaN" in guards.detail
+
+
+def test_bad_input_that_is_accepted_or_not_named_fails(toy_family):
+    accepted = BadInput("x", "float64", ("toy.*",), lambda c: c.with_kwargs("x float64", x=c.kwargs["x"].double()))
+    unnamed = BadInput("fast", "1-D x", ("toy.*",), lambda c: c.with_kwargs("x 1-D", x=c.kwargs["x"][0]))
+    check = verify_route(toy_family(bad_inputs=(accepted, unnamed)), "toy.slow", CPU).check("bad_input")
+    assert not check.passed
+    assert "x (float64): accepted without error" in check.detail
+    assert "fast (1-D x): message does not name 'fast'" in check.detail
+
+
+def test_compare_measures_errors_and_handles_infinities():
+    tol = Tolerance(atol=1e-6, rtol=1e-3)
+    m = compare("v", torch.tensor([1.0, -math.inf, 2.0], dtype=torch.float64),
+                torch.tensor([1.0005, -math.inf, 2.0], dtype=torch.float64), tol)
+    assert m.ok and m.max_abs == pytest.approx(5e-4, rel=1e-3) and m.max_rel == pytest.approx(5e-4 / 1.0005)
+    assert not compare("v", torch.tensor([math.nan]), torch.tensor([1.0]), tol).ok
+    assert not compare("v", torch.tensor([math.inf]), torch.tensor([1.0]), tol).ok
+    assert not compare("v", torch.tensor([-math.inf]), torch.tensor([math.inf]), tol).ok
+    assert not compare("v", torch.zeros(2), torch.zeros(3), tol).ok
+    assert not compare("v", torch.tensor([1.01]), torch.tensor([1.0]), tol).ok
+
+
+def test_node_exists_parses_test_files():
+    assert node_exists("tests/test_verify.py::test_node_exists_parses_test_files")
+    assert node_exists("tests/test_verify.py::test_node_exists_parses_test_files[param]")
+    assert not node_exists("tests/test_verify.py::test_no_such_test")
+    assert not node_exists("tests/no_such_file.py::test_x")
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def test_registry_discovers_family_modules(tmp_path, monkeypatch):
+    package = tmp_path / "fakekernels"
+    (package / "copy").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "copy" / "family.py").write_text(
+        "import dataclasses\nfrom kernels.semicrf.family import FAMILY as SEMICRF\n"
+        "FAMILY = dataclasses.replace(SEMICRF, name='copy')\n")
+    (package / "notafamily").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [f.name for f in registry.families("fakekernels")] == ["copy"]
+    with pytest.raises(registry.UnknownFamily):
+        registry.select(["nope"], "fakekernels")
+
+
+def test_semicrf_is_registered_with_existing_invariant_tests():
+    assert "semicrf" in [f.name for f in registry.families()]
+    assert SEMICRF.missing_tests() == []
+    assert SEMICRF.summary.startswith("Semi-Markov CRF")
+    assert Path("kernels/semicrf/family.py") in SEMICRF.source_files()
+
+
+# ----------------------------------------------------------------------------------------- reports, records
+
+
+def test_json_junit_and_record_formats(tmp_path, monkeypatch, toy_family):
+    family = toy_family()
+    results = [verify_route(family, r, CPU) for r in ("toy.fast", "toy.slow")]
+    device = {"type": "cpu", "name": "CPU (Triton interpreter)"}
+    data = report.json_report(results, "abc", device)
+    report.write_json(tmp_path / "r.json", data)
+    loaded = json.loads((tmp_path / "r.json").read_text())
+    assert set(loaded) == {"commit", "device", "routes"}
+    assert [r["status"] for r in loaded["routes"]] == ["fail", "pass"]
+    assert set(loaded["routes"][0]["checks"][1]) == {"name", "status", "max_abs", "max_rel", "atol", "rtol",
+                                                    "detail", "repro"}
+    report.write_junit(tmp_path / "j.xml", results)
+    cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+    failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
+    assert failed == [("toy.fast", "reference"), ("toy.fast", "exact"), ("toy.fast", "properties")]
+
+    monkeypatch.setattr(records, "record_dir", lambda: tmp_path / "verification")
+    path = records.save_record(records.make_record(family, device, results))
+    assert path == tmp_path / "verification" / "toy-cpu.json"
+    text = path.read_text()
+    assert text.endswith("}\n") and text == records.dumps(json.loads(text))
+    record = records.load_record(path)
+    assert record["commit"] == records.head_commit() and record["routes"] == loaded["routes"]
+    some = str(family.source_files()[0])
+    blob = subprocess.run(["git", "hash-object", some], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert record["sources"][some] == blob.strip()
+
+
+def test_device_slug():
+    assert records.device_slug({"type": "cpu", "name": "CPU (Triton interpreter)"}) == "cpu"
+    assert records.device_slug({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "cuda-nvidia-h100-80gb-hbm3"
+
+
+def test_route_selection_by_glob():
+    chosen = [r for _, r in select_routes([SEMICRF], ["semicrf.*.viterbi"])]
+    assert chosen == ["semicrf.triton.viterbi", "semicrf.torch.viterbi"]
+    assert len(select_routes([SEMICRF], [])) == len(SEMICRF.tree.routes())
+
+
+# ------------------------------------------------------------------------------------- semi-CRF, planted bugs
+
+
+TORCH_ROUTES = [r.id for r in SEMICRF.tree.routes() if r.id.startswith("semicrf.torch.")]
+
+
+def test_every_semicrf_route_passes_quick():
+    """Every leaf of the tree; without a GPU the Triton ones run under the interpreter (conftest.py switches it
+    on)."""
+    for route_id in [r.id for r in SEMICRF.tree.routes()]:
+        result = verify_route(SEMICRF, route_id, dataclasses.replace(QUICK, examples=1))
+        assert result.passed, (route_id, [c.detail for c in result.checks if not c.passed])
+
+
+def mutant_reference(old: str, new: str) -> types.ModuleType:
+    """A copy of kernels/semicrf/reference.py with ``old`` replaced by ``new`` (which must occur exactly once)."""
+    source = (REPO_ROOT / "kernels/semicrf/reference.py").read_text()
+    assert source.count(old) == 1, f"mutation target {old!r} not found once in reference.py"
+    module = types.ModuleType("kernels.semicrf.reference_mutant")
+    exec(compile(source.replace(old, new), "reference_mutant.py", "exec"), module.__dict__)
+    return module
+
+
+FORWARD = {"reference", "exact"}
+ALL_TORCH = {route: FORWARD for route in TORCH_ROUTES}
+PLANTED = {  # bug: (text in reference.py, its mutation, {route: checks that must fail}); other torch routes pass
+    "ring-buffer index off by one": ("i = first % self.K", "i = (first + 1) % self.K", ALL_TORCH),
+    "transposed transition": ("reduce(alpha[:, :, None] + self.trans_2d, 1)",
+                              "reduce(alpha[:, :, None] + self.trans_2d.T, 1)",
+                              {"semicrf.torch.log.infer": FORWARD, "semicrf.torch.log.train": FORWARD,
+                               # the tiny case's best path repeats one label (diagonal transitions only): the random
+                               # shapes of the properties catch it
+                               "semicrf.torch.max.infer": {"properties"}}),
+    "wrong duration index": ("self.dur_by_w = self.dur.flip(0)", "self.dur_by_w = self.dur", ALL_TORCH),
+    "missing length mask": ("self.lengths: list[int] = call.lengths.tolist()", "self.lengths: list[int] = [T] * B",
+                            ALL_TORCH),
+    "dropped proj_end": ("cum[:, 1:] + proj_end, pad]", "cum[:, 1:], pad]", ALL_TORCH),
+    "wrong proj_start gradient": ("g_ps = self.starts[:, :-1]", "g_ps = self.ends[:, 1:]",
+                                  {"semicrf.torch.log.train": FORWARD}),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_bug_in_reference_fails_the_right_routes_and_checks(bug, monkeypatch):
+    old, new, broken = PLANTED[bug]
+    mutant = mutant_reference(old, new)
+    original = dispatch._backend
+    monkeypatch.setattr(dispatch, "_backend", lambda name: mutant if name == "torch" else original(name))
+    for route_id in TORCH_ROUTES:
+        expected = broken.get(route_id, set())
+        checks = ("route", "reference", "exact", *sorted(expected - FORWARD))  # the rest would only cost time
+        result = verify_route(SEMICRF, route_id, dataclasses.replace(QUICK, checks=checks))
+        failed = {c.name for c in result.checks if not c.passed}
+        assert failed == expected, (route_id, [c.detail for c in result.checks if not c.passed])
