@@ -48,7 +48,9 @@ def shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str) -> 
 def positive_int(name: str, value: object) -> int:
     """An integer >= 1: a Python int, a NumPy integer or a 0-d integer tensor (bool is rejected)."""
     try:
-        if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
+        if isinstance(value, bool) or (
+            isinstance(value, torch.Tensor) and (value.is_floating_point() or value.dtype == torch.bool)
+        ):
             raise TypeError
         value = operator.index(value)
     except TypeError:

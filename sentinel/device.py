@@ -11,11 +11,9 @@ import sys
 
 import torch
 
+from kernels.dispatch import interpreter_enabled
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
-
-
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def prepare(name: str) -> torch.device:
@@ -30,7 +28,7 @@ def prepare(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
-    if name == "cpu" and not interpreter_on():
+    if name == "cpu" and not interpreter_enabled():
         early = sorted(m for m in sys.modules if m.startswith("kernels.") and ".triton_" in m)
         if early:
             raise ValueError(f"Triton kernel modules {early} were imported before TRITON_INTERPRET=1 was set; "

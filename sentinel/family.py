@@ -46,7 +46,7 @@ def matches(route_id: str, globs: Sequence[str]) -> bool:
 
 def node_exists(node_id: str, root: Path = REPO_ROOT) -> bool:
     """True when the pytest node id ``path.py::test_name`` (or ``path.py::TestClass::test_name``, a ``[param]``
-    suffix ignored) names a function defined in that file, found by parsing it with ``ast`` (no pytest run)."""
+    suffix ignored) names a test pytest would collect (``test*`` functions, ``Test*`` classes) defined in that file, found by parsing it with ``ast`` (no pytest run)."""
     path, _, rest = node_id.partition("::")
     file = root / path
     if not rest or not file.is_file():
@@ -54,11 +54,12 @@ def node_exists(node_id: str, root: Path = REPO_ROOT) -> bool:
     scope: Sequence[ast.stmt] = ast.parse(file.read_text()).body
     *classes, function = rest.split("[", 1)[0].split("::")
     for name in classes:
-        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == name]
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == name and name.startswith("Test")]
         if not found:
             return False
         scope = found[0].body
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function for n in scope)
+    return function.startswith("test") and any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function for n in scope)
 
 
 @dataclass(frozen=True)

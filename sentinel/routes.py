@@ -2,30 +2,21 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 from rich.tree import Tree as RichTree
 
 from sentinel import console
-from sentinel.family import REPO_ROOT, Family
-
-
-def where(fn: Any) -> str:
-    """``path:line`` of a function's definition, the path relative to the repository root when inside it."""
-    fn = inspect.unwrap(fn)
-    path = Path(inspect.getsourcefile(fn)).resolve()
-    line = inspect.getsourcelines(fn)[1]
-    return f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}:{line}"
+from sentinel.family import Family
+from sentinel.trace import locate
 
 
 def family_routes(family: Family) -> dict[str, Any]:
     """``{"family", "entry", "routes": [{"id", "path": {condition: outcome}, "function", "where"}]}``."""
     routes = [{"id": route.id, "path": {cond.name: outcome for cond, outcome in path},
-               "function": f"{route.fn.__module__}.{route.fn.__qualname__}", "where": where(route.fn)}
+               "function": f"{route.fn.__module__}.{route.fn.__qualname__}", "where": str(locate(route.fn))}
               for route, path in family.tree.paths()]
     return {"family": family.name, "entry": family.tree.name, "routes": routes}
 
@@ -40,7 +31,7 @@ def rich_tree(family: Family) -> RichTree:
             for outcome, child in node.children.items():
                 add(branch, child, f"[cyan]{escape(outcome)}[/] -> ")
         else:
-            parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {where(node.fn)}[/]")
+            parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {locate(node.fn)}[/]")
 
     top = RichTree(f"[bold magenta]{escape(family.name)}[/] ({len(family.tree.routes())} routes)")
     add(top, family.tree.root, "")

@@ -77,11 +77,18 @@ def test_cuda_without_gpu_is_a_usage_error(only_toy, monkeypatch, capsys):
 
 def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
-    assert verify("--record") == 1  # toy.fast fails; the record says so
+    assert main(["verify", "--device", DEVICE, "--record"]) == 1  # toy.fast fails; the record says so
     record = records.load_record(tmp_path / f"toy-{records.device_slug(INFO)}.json")
     assert record["family"] == "toy" and record["device"] == INFO
     assert [r["status"] for r in record["routes"]] == ["fail", "pass"]
     assert set(record["versions"]) == {"torch", "triton", "python"}
+
+
+@pytest.mark.parametrize("weaker", [["--quick"], ["--examples", "2"]])
+def test_record_refuses_a_weaker_run(only_toy, tmp_path, monkeypatch, weaker):
+    monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
+    assert main(["verify", "--device", DEVICE, "--record", *weaker]) == 2
+    assert not list(tmp_path.iterdir())
 
 
 def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
@@ -130,4 +137,4 @@ def test_cpu_refuses_kernels_compiled_before_the_interpreter_switch(monkeypatch)
     monkeypatch.setitem(sys.modules, "kernels.fake.triton_kernel", object())
     with pytest.raises(ValueError, match=r"kernels\.fake\.triton_kernel.*imported before TRITON_INTERPRET=1"):
         device.prepare("cpu")
-    assert not device.interpreter_on()
+    assert not device.interpreter_enabled()

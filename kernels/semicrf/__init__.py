@@ -8,6 +8,20 @@ The streaming routes compute edges on the fly with O(K*C) live state per sequenc
 pre-built edge tensor (``edges_from_streaming``) and supports every semiring.
 """
 from kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
+from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from kernels.semicrf.head import SemiMarkovCRFHead
+from kernels.semicrf.scoring import path_score, starts_from_labels
 from kernels.semicrf.structures import Segment, ViterbiResult
 
-__all__ = ["TREE", "semi_crf_streaming_forward", "semi_crf_viterbi", "Segment", "ViterbiResult"]
+__all__ = [
+    "TREE",
+    "semi_crf_streaming_forward",
+    "semi_crf_viterbi",
+    "SemiMarkov",
+    "edges_from_streaming",
+    "SemiMarkovCRFHead",
+    "path_score",
+    "starts_from_labels",
+    "Segment",
+    "ViterbiResult",
+]

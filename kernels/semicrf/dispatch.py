@@ -23,7 +23,7 @@ import torch
 
 from kernels import validate
 from kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
-from kernels.semicrf.structures import ViterbiResult
+from kernels.semicrf.structures import ViterbiResult, to_result
 
 SEMIRINGS = ("log", "max")
 
@@ -264,7 +264,4 @@ def semi_crf_viterbi(
     :class:`~kernels.semicrf.structures.Segment`. Ties go to the shorter duration, then the smaller label."""
     call = make_call("viterbi", cum_scores, transition, duration_bias, lengths, K, "max", proj_start, proj_end,
                      use_triton)
-    path = TREE.dispatch(call)
-    from kernels.semicrf.structures import to_result
-
-    return to_result(call, path)
+    return to_result(call, TREE.dispatch(call))
