@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The lead's single GPU session: install the peer wheels, show the GPU, `sentinel verify --device cuda --record`,
-# the GPU-relevant tests, then the semi-CRF benchmark. Run from the device tool with `.whl` carried:
-#     bash benchmarks/gpu_session.sh          (carry: [".whl"])
+# The GPU session, in two calls of the device tool (each under its 10-minute limit), `.whl` carried:
+#     bash benchmarks/gpu_session.sh verify   # sentinel verify --device cuda --record, GPU tests, precision check
+#     bash benchmarks/gpu_session.sh bench    # the semi-CRF benchmark against the peers
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
-# duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Files back in $OUT (7):
-# session.log, exit_codes.txt, verify-cuda.json, the verification record(s) traces/verification/*cuda*.json,
-# bench/semicrf.{csv,json,png}. Exit code: 0 when every step passed, else 1. The limits (VERIFY_TIMEOUT 120,
-# TESTS_TIMEOUT 60, BENCH_BUDGET 320 + 45 s; override in the environment) bound the session to ~9.2 minutes at
-# worst; call the device tool with timeout_s 600.
+# duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
+# passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 300, TESTS_TIMEOUT 90,
+# CHECK_BUDGET 150, BENCH_BUDGET 480.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-120}
-TESTS_TIMEOUT=${TESTS_TIMEOUT:-60}
-BENCH_BUDGET=${BENCH_BUDGET:-320}
+PHASE=${1:?usage: gpu_session.sh verify|bench}
+VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-300}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
+CHECK_BUDGET=${CHECK_BUDGET:-150}
+BENCH_BUDGET=${BENCH_BUDGET:-480}
 GPU_TESTS="tests/test_semicrf_triton.py"  # test files whose kernels run on the GPU here
 LOG=$OUT/session.log
 CODES=$OUT/exit_codes.txt
@@ -37,18 +37,17 @@ step() {
 step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 step nvidia-smi nvidia-smi
-step verify timeout "$VERIFY_TIMEOUT" python3 -m sentinel verify --device cuda --record --json "$OUT/verify-cuda.json"
-tests=$(for f in $GPU_TESTS; do [ -f "$f" ] && echo "$f"; done)
-if [ -n "$tests" ]; then
-  step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -x -p no:cacheprovider $tests
+if [ "$PHASE" = verify ]; then
+  step verify timeout "$VERIFY_TIMEOUT" python3 -m sentinel verify --device cuda --record --json "$OUT/verify-cuda.json"
+  step records bash -c 'cp -v traces/verification/*cuda*.json "$0"/' "$OUT"
+  step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS
+  step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \
+    --only correctness,precision --budget "$CHECK_BUDGET"
 else
-  echo "gpu-tests rc=missing ($GPU_TESTS not found)" | tee -a "$LOG" >>"$CODES"
-  failed=1
+  # The benchmark keeps to its budget; the margin covers one slow call begun just before its deadline.
+  step benchmark timeout $(( BENCH_BUDGET + 45 )) python3 benchmarks/semicrf.py --device cuda --shapes all \
+    --out "$OUT/bench" --budget-s "$BENCH_BUDGET"
 fi
-# The benchmark keeps to its budget; the margin covers one slow call begun just before its deadline.
-step benchmark timeout $(( BENCH_BUDGET + 45 )) python3 benchmarks/semicrf.py --device cuda --shapes all \
-  --out "$OUT/bench" --budget-s "$BENCH_BUDGET"
-step records bash -c 'cp -v traces/verification/*cuda*.json "$0"/' "$OUT"
 
 echo "=== exit codes" | tee -a "$LOG"
 cat "$CODES" | tee -a "$LOG"

@@ -3,7 +3,8 @@ report and JUnit XML.
 
 JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see sentinel.records>]}``, plus
 ``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route
-and check (``classname`` = route id, ``name`` = check).
+and check (``classname`` = route id, ``name`` = check), and one failing ``testcase`` per problem (``classname``
+``sentinel.problems``), so that the JUnit file fails whenever the exit code does.
 """
 from __future__ import annotations
 
@@ -104,12 +105,17 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(dumps(report))
 
 
-def junit_xml(results: Sequence[RouteResult]) -> ET.ElementTree:
-    """One ``testcase`` per (route, check); a failing check carries a ``failure`` with its detail and repro."""
+PROBLEMS_CLASS = "sentinel.problems"
+
+
+def junit_xml(results: Sequence[RouteResult], problems: Sequence[str] = ()) -> ET.ElementTree:
+    """One ``testcase`` per (route, check); a failing check carries a ``failure`` with its detail and repro. Each
+    of ``problems`` (broken declarations, e.g. a missing invariant test) is one more failing ``testcase``."""
     cases = [(r, c) for r in results for c in r.checks]
-    failures = sum(not c.passed for _, c in cases)
-    suites = ET.Element("testsuites", name="sentinel", tests=str(len(cases)), failures=str(failures))
-    suite = ET.SubElement(suites, "testsuite", name="sentinel verify", tests=str(len(cases)),
+    tests = len(cases) + len(problems)
+    failures = sum(not c.passed for _, c in cases) + len(problems)
+    suites = ET.Element("testsuites", name="sentinel", tests=str(tests), failures=str(failures))
+    suite = ET.SubElement(suites, "testsuite", name="sentinel verify", tests=str(tests),
                           failures=str(failures), errors="0", skipped="0")
     for r, c in cases:
         case = ET.SubElement(suite, "testcase", classname=r.id, name=c.name)
@@ -118,11 +124,14 @@ def junit_xml(results: Sequence[RouteResult]) -> ET.ElementTree:
             failure.text = f"{c.detail}\nreproduce: {c.repro}"
         else:
             ET.SubElement(case, "system-out").text = c.detail
+    for problem in problems:
+        case = ET.SubElement(suite, "testcase", classname=PROBLEMS_CLASS, name=problem)
+        ET.SubElement(case, "failure", message=problem[:500]).text = problem
     return ET.ElementTree(suites)
 
 
-def write_junit(path: Path, results: Sequence[RouteResult]) -> None:
+def write_junit(path: Path, results: Sequence[RouteResult], problems: Sequence[str] = ()) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tree = junit_xml(results)
+    tree = junit_xml(results, problems)
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

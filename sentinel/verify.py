@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(args.json, report.json_report(results, commit, info, problems))
     if args.junit:
-        report.write_junit(args.junit, results)
+        report.write_junit(args.junit, results, problems)
     if args.record:
         for family in families:
             ran = [r for r in results if r.family == family.name]

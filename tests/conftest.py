@@ -5,6 +5,9 @@ any kernel module is imported (``@triton.jit`` decides at decoration time); on a
 
 ``toy_family`` builds a two-route toy family for testing sentinel itself: ``toy_sum(x, fast)`` sums the rows of
 ``x``; route ``toy.slow`` is right, route ``toy.fast`` carries a planted bug (it adds ``1e-3 * x[:, 0]``).
+
+``SemiCRFCase`` / ``semicrf_case`` (import them with ``from conftest import ...``): one semi-CRF problem for the
+tests of the streaming routes, with calls to the routes and to the independent references.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -24,6 +27,8 @@ from hypothesis import strategies as st  # noqa: E402
 import kernels  # noqa: E402
 from kernels import validate  # noqa: E402
 from kernels.dispatch import Branch, Condition, Route, Tree  # noqa: E402
+from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi  # noqa: E402
+from sentinel.oracles import semicrf as oracle  # noqa: E402
 from sentinel.checks import expect_close, run_route  # noqa: E402
 from sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 
@@ -119,3 +124,83 @@ def _make_toy(**changes: Any) -> Family:
 def toy_family() -> Callable[..., Family]:
     """A factory: ``toy_family(**field_changes)`` returns the toy :class:`Family` with those fields replaced."""
     return _make_toy
+
+
+# ------------------------------------------------------------------------------------------- semi-CRF cases
+
+SEMICRF_TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
+
+
+@dataclasses.dataclass
+class SemiCRFCase:
+    """One semi-CRF problem: the five score tensors (projections may be None), lengths, K, and which backend the
+    route calls ask for (``use_triton``)."""
+
+    cum_scores: torch.Tensor
+    transition: torch.Tensor
+    duration_bias: torch.Tensor
+    proj_start: Optional[torch.Tensor]
+    proj_end: Optional[torch.Tensor]
+    lengths: torch.Tensor
+    K: int
+    use_triton: bool = False
+
+    @property
+    def tensors(self) -> list[Optional[torch.Tensor]]:
+        return [getattr(self, name) for name in SEMICRF_TENSORS]
+
+    def with_tensors(self, tensors) -> "SemiCRFCase":
+        return dataclasses.replace(self, **dict(zip(SEMICRF_TENSORS, tensors)))
+
+    def to(self, dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> "SemiCRFCase":
+        """Detached copies in ``dtype`` on ``device`` (each unchanged when None); lengths follow the device."""
+        case = self.with_tensors([None if t is None else t.detach().to(device or t.device, dtype or t.dtype)
+                                  for t in self.tensors])
+        return dataclasses.replace(case, lengths=self.lengths.to(device or self.lengths.device))
+
+    def leaves(self) -> "SemiCRFCase":
+        """A copy whose present tensors are fresh leaves that require grad."""
+        return self.with_tensors([None if t is None else t.detach().clone().requires_grad_() for t in self.tensors])
+
+    def _arguments(self) -> tuple:
+        return (self.cum_scores, self.transition, self.duration_bias, self.lengths, self.K)
+
+    def forward(self, semiring: str = "log") -> torch.Tensor:
+        """The streaming route (``semi_crf_streaming_forward``)."""
+        return semi_crf_streaming_forward(*self._arguments(), semiring, self.proj_start, self.proj_end,
+                                          use_triton=self.use_triton)
+
+    def viterbi(self):
+        return semi_crf_viterbi(*self._arguments(), self.proj_start, self.proj_end, use_triton=self.use_triton)
+
+    def naive(self, semiring: str = "log") -> torch.Tensor:
+        """The oracle's plain float64 recursion (every alpha kept), differentiable by autograd."""
+        return oracle.naive_partition(*self._arguments(), semiring, self.proj_start, self.proj_end)
+
+    def brute_force(self, semiring: str = "log") -> torch.Tensor:
+        """The oracle's float64 enumeration of every segmentation, differentiable by autograd."""
+        return oracle.brute_force_partition(*self._arguments(), semiring, self.proj_start, self.proj_end)
+
+    def oracle_scores(self):
+        """``oracle.all_scores``: every segmentation with its score, plain Python float64."""
+        cpu = [None if t is None else t.detach().cpu() for t in self.tensors]
+        return oracle.all_scores(*cpu[:3], self.lengths.cpu(), self.K, *cpu[3:])
+
+
+def semicrf_case(B=2, T=5, K=2, C=2, *, dtype=torch.float64, trans3d=False, proj_start=False, proj_end=False,
+                 variable=False, integers=False, use_triton=False, seed=0) -> SemiCRFCase:
+    """Random inputs on the CPU: per-position scores summed into ``cum_scores``, the rest drawn directly, all
+    N(0, 1) (``integers``: in -2..2, so that ties are exact); ``variable`` lengths in 1..T with the first = T."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:
+        if integers:
+            return torch.randint(-2, 3, shape, generator=g).to(dtype)
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    cum = torch.cat([torch.zeros(B, 1, C, dtype=dtype), draw(B, T, C).cumsum(1)], 1)
+    lengths = torch.randint(1, T + 1, (B,), generator=g) if variable else torch.full((B,), T)
+    lengths[0] = T
+    return SemiCRFCase(cum, draw(K, C, C) if trans3d else draw(C, C), draw(K, C),
+                       draw(B, T, C) if proj_start else None, draw(B, T, C) if proj_end else None, lengths, K,
+                       use_triton)

@@ -1,80 +1,24 @@
 """The PyTorch semi-CRF routes (``use_triton=False``) against independent references.
 
-References: the brute-force oracle (sentinel/oracles/semicrf.py), a differentiable brute force written here
-(every segmentation scored with torch ops, then logsumexp / max, differentiated by autograd), and a naive
-non-checkpointed recursion written here (a Python list of alphas, differentiated by autograd).
+References (sentinel/oracles/semicrf.py, none of them sharing code with ``kernels``): the brute-force oracle in
+plain Python, a differentiable brute force (every segmentation scored with torch ops, then logsumexp / max,
+differentiated by autograd), and the naive recursion (every alpha kept, no ring or checkpoints, autograd).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from conftest import SEMICRF_TENSORS as NAMES
+from conftest import SemiCRFCase as Case
+from conftest import semicrf_case as make_case
 from kernels.dispatch import recording
-from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
+from kernels.semicrf.dispatch import semi_crf_viterbi
 from sentinel.oracles import semicrf as oracle
-
-NAMES = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
-
-
-@dataclass
-class Case:
-    """One problem: the five score tensors (projections may be None), lengths and K."""
-
-    cum_scores: torch.Tensor
-    transition: torch.Tensor
-    duration_bias: torch.Tensor
-    proj_start: Optional[torch.Tensor]
-    proj_end: Optional[torch.Tensor]
-    lengths: torch.Tensor
-    K: int
-
-    @property
-    def tensors(self) -> list[Optional[torch.Tensor]]:
-        return [getattr(self, name) for name in NAMES]
-
-    def requiring_grad(self) -> "Case":
-        """A copy whose present tensors are fresh leaves that require grad."""
-        leaves = [None if t is None else t.detach().clone().requires_grad_() for t in self.tensors]
-        return Case(*leaves, self.lengths, self.K)
-
-    def to(self, dtype: torch.dtype) -> "Case":
-        return Case(*[None if t is None else t.detach().to(dtype) for t in self.tensors], self.lengths, self.K)
-
-    def forward(self, semiring: str = "log") -> torch.Tensor:
-        return semi_crf_streaming_forward(self.cum_scores, self.transition, self.duration_bias, self.lengths,
-                                          self.K, semiring, self.proj_start, self.proj_end, use_triton=False)
-
-    def viterbi(self):
-        return semi_crf_viterbi(self.cum_scores, self.transition, self.duration_bias, self.lengths, self.K,
-                                self.proj_start, self.proj_end, use_triton=False)
-
-    def oracle_scores(self):
-        return oracle.all_scores(self.cum_scores.detach(), self.transition.detach(), self.duration_bias.detach(),
-                                 self.lengths, self.K,
-                                 None if self.proj_start is None else self.proj_start.detach(),
-                                 None if self.proj_end is None else self.proj_end.detach())
-
-
-def make_case(B=2, T=4, K=2, C=2, *, dtype=torch.float64, trans3d=False, proj_start=False, proj_end=False,
-              variable=False, seed=0) -> Case:
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-    scores = randn(B, T, C)
-    cum = torch.cat([torch.zeros(B, 1, C, dtype=dtype), scores.cumsum(1)], 1)
-    lengths = torch.randint(1, T + 1, (B,), generator=g) if variable else torch.full((B,), T)
-    if variable:
-        lengths[0] = T
-    return Case(cum, randn(K, C, C) if trans3d else randn(C, C), randn(K, C),
-                randn(B, T, C) if proj_start else None, randn(B, T, C) if proj_end else None, lengths, K)
-
 
 CASES = {
     "linear_chain_K1": dict(B=2, T=4, K=1, C=3),
@@ -89,60 +33,6 @@ CASES = {
     "C1": dict(B=2, T=5, K=3, C=1, trans3d=True, variable=True),
 }
 DTYPES = {torch.float64: 1e-12, torch.float32: 1e-6}  # relative tolerance of values; float32 only rounds the output
-
-
-# ------------------------------------------------------------------------------------------- brute force (torch)
-
-
-def brute_force(case: Case, semiring: str = "log") -> torch.Tensor:
-    """logZ or the best score (B,) in float64, by scoring every segmentation with torch indexing (differentiable
-    in every tensor of ``case``), independently of the recursion under test."""
-    cum, trans, dur, ps, pe = [None if t is None else t.to(torch.float64) for t in case.tensors]
-    C = cum.shape[2]
-    out = []
-    for b in range(cum.shape[0]):
-        ys = oracle.segmentations(int(case.lengths[b]), case.K, C)
-        which, s, d, c, trans_at, trans_index = [], [], [], [], [], []
-        for i, y in enumerate(ys):
-            for j, (start, duration, label) in enumerate(y):
-                which.append(i), s.append(start), d.append(duration), c.append(label)
-                if j > 0:
-                    trans_at.append(i)
-                    trans_index.append((duration - 1, y[j - 1][2], label))
-        which, s, d, c = (torch.tensor(v) for v in (which, s, d, c))
-        terms = cum[b, s + d, c] - cum[b, s, c] + dur[d - 1, c]
-        if ps is not None:
-            terms = terms + ps[b, s, c]
-        if pe is not None:
-            terms = terms + pe[b, s + d - 1, c]
-        total = torch.zeros(len(ys), dtype=torch.float64).index_add(0, which, terms)
-        if trans_at:
-            dd, prev, cc = torch.tensor(trans_index).T
-            paid = trans[dd, prev, cc] if trans.dim() == 3 else trans[prev, cc]
-            total = total.index_add(0, torch.tensor(trans_at), paid)
-        out.append(torch.logsumexp(total, 0) if semiring == "log" else total.max())
-    return torch.stack(out)
-
-
-def naive_log_partition(case: Case) -> torch.Tensor:
-    """logZ (B,) in float64 by the plain recursion with every alpha kept (no ring, no checkpoints), for autograd."""
-    cum, trans, dur, ps, pe = [None if t is None else t.to(torch.float64) for t in case.tensors]
-    B, T1, C = cum.shape
-    ps = torch.zeros(B, T1 - 1, C, dtype=torch.float64) if ps is None else ps
-    pe = torch.zeros(B, T1 - 1, C, dtype=torch.float64) if pe is None else pe
-    alpha = [None]
-    for t in range(1, T1):
-        terms = []
-        for d in range(1, min(case.K, t) + 1):
-            s = t - d
-            seg = cum[:, t] - cum[:, s] + dur[d - 1] + ps[:, s] + pe[:, t - 1]
-            if s == 0:
-                terms.append(seg)
-            else:
-                trans_d = trans[d - 1] if trans.dim() == 3 else trans
-                terms.append(torch.logsumexp(alpha[s][:, :, None] + trans_d, 1) + seg)
-        alpha.append(torch.logsumexp(torch.stack(terms), 0))
-    return torch.stack([torch.logsumexp(alpha[int(L)][b], 0) for b, L in enumerate(case.lengths)])
 
 
 def grads(out: torch.Tensor, case: Case, weight: torch.Tensor) -> list[Optional[torch.Tensor]]:
@@ -200,12 +90,12 @@ def test_viterbi_ties_prefer_shorter_duration_then_smaller_label():
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_log_gradients_match_brute_force(name, dtype):
-    case = make_case(**CASES[name], dtype=dtype, seed=2).requiring_grad()
+    case = make_case(**CASES[name], dtype=dtype, seed=2).leaves()
     weight = torch.randn(case.cum_scores.shape[0], dtype=dtype, generator=torch.Generator().manual_seed(3))
     with recording() as taken:
         got = grads(case.forward("log"), case, weight)
     assert taken == ["semicrf.torch.log.train"]
-    want = grads(brute_force(case), case, weight.double())
+    want = grads(case.brute_force(), case, weight.double())
     for name_, g, w in zip(NAMES, got, want):
         assert (g is None) == (w is None), name_
         if g is not None:
@@ -216,18 +106,33 @@ def test_log_gradients_match_brute_force(name, dtype):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_max_gradients_are_the_best_path_indicator(name):
-    case = make_case(**CASES[name], seed=4).requiring_grad()
+    case = make_case(**CASES[name], seed=4).leaves()
     weight = torch.rand(case.cum_scores.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     with recording() as taken:
         value = case.forward("max")
         got = grads(value, case, weight)
     assert taken == ["semicrf.torch.max.train"]
-    expected = brute_force(case, "max")
+    expected = case.brute_force("max")
     assert_close(value, expected, rtol=1e-12)
     for g, w in zip(got, grads(expected, case, weight)):
         assert (g is None) == (w is None)
         if g is not None:
             assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("semiring", ["log", "max"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_naive_recursion_matches_brute_force(name, semiring):
+    """The reference of ``sentinel verify`` (oracle.naive_partition) against the enumeration: values and every
+    gradient by autograd (for max, the best path's indicator)."""
+    case = make_case(**CASES[name], seed=13).leaves()
+    weight = torch.rand(case.cum_scores.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(14))
+    value, expected = case.naive(semiring), case.brute_force(semiring)
+    assert_close(value, expected, rtol=1e-12)
+    for g, w in zip(grads(value, case, weight), grads(expected, case, weight)):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert_close(g, w, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("trans3d", [False, True])
@@ -236,7 +141,7 @@ def test_gradcheck_float64(trans3d):
     leaves = [t.requires_grad_() for t in case.tensors]
 
     def logZ(*tensors):
-        return Case(*tensors, case.lengths, case.K).forward("log")
+        return case.with_tensors(tensors).forward("log")
 
     assert torch.autograd.gradcheck(logZ, leaves)
 
@@ -244,9 +149,9 @@ def test_gradcheck_float64(trans3d):
 def test_gradient_of_one_input_alone():
     case = make_case(B=2, T=4, K=2, C=2, proj_start=True, proj_end=True, variable=True, seed=12)
     cum = case.cum_scores.clone().requires_grad_()
-    only_cum = Case(cum, case.transition, case.duration_bias, case.proj_start, case.proj_end, case.lengths, case.K)
+    only_cum = case.with_tensors([cum, *case.tensors[1:]])
     only_cum.forward().sum().backward()
-    expected, = torch.autograd.grad(brute_force(only_cum).sum(), cum)
+    expected, = torch.autograd.grad(only_cum.brute_force().sum(), cum)
     assert_close(cum.grad, expected, rtol=1e-9, atol=1e-12)
 
 
@@ -255,11 +160,11 @@ def test_checkpointed_backward_across_many_intervals(trans3d):
     """T = 150, K = 4: the backward recomputes over ceil(150 / ceil(sqrt(600))) = 6 checkpoint intervals; compare
     with autograd through the naive recursion that keeps every alpha."""
     case = make_case(B=2, T=150, K=4, C=3, trans3d=trans3d, proj_start=True, proj_end=True, variable=True,
-                     seed=7).requiring_grad()
+                     seed=7).leaves()
     case.lengths[1] = 97
     weight = torch.tensor([0.7, -1.3], dtype=torch.float64)
     value = case.forward()
-    expected = naive_log_partition(case)
+    expected = case.naive()
     assert_close(value, expected, rtol=1e-12)
     for g, w in zip(grads(value, case, weight), grads(expected, case, weight)):
         assert_close(g, w, rtol=1e-9, atol=1e-12)
@@ -272,11 +177,11 @@ def test_neg_inf_transitions_give_finite_values_and_gradients():
     case = make_case(B=2, T=4, K=2, C=3, trans3d=True, proj_end=True, variable=True, seed=8)
     case.transition[0, 0, 1] = case.transition[1, :, 2] = float("-inf")
     case.duration_bias[1, 0] = float("-inf")
-    case = case.requiring_grad()
+    case = case.leaves()
     weight = torch.tensor([1.0, 0.5], dtype=torch.float64)
     for semiring in ("log", "max"):
         value = case.forward(semiring)
-        expected = brute_force(case, semiring)
+        expected = case.brute_force(semiring)
         assert torch.isfinite(value).all()
         assert_close(value, expected, rtol=1e-12)
         for g, w in zip(grads(value, case, weight), grads(expected, case, weight)):
@@ -292,10 +197,10 @@ def test_impossible_sequence_gives_neg_inf_and_zero_gradients(semiring):
     case = make_case(B=2, T=3, K=1, C=2, proj_start=True, seed=9)
     case.transition.fill_(float("-inf"))
     case.lengths = torch.tensor([1, 3])
-    case = case.requiring_grad()
+    case = case.leaves()
     value = case.forward(semiring)
     assert value[1] == float("-inf") and torch.isfinite(value[0])
-    expected = brute_force(case, semiring)
+    expected = case.brute_force(semiring)
     assert_close(value, expected, rtol=1e-12)
     got = grads(value, case, torch.ones(2, dtype=torch.float64))
     single = grads(value[0], case, torch.ones((), dtype=torch.float64))
@@ -312,21 +217,28 @@ def test_impossible_sequence_gives_neg_inf_and_zero_gradients(semiring):
 
 
 def test_repeated_runs_are_bitwise_identical():
-    def run():
+    """Values and every gradient of both training routes (log: hand-written backward; max: path indicator)."""
+    def run(semiring: str) -> list[torch.Tensor]:
         case = make_case(B=3, T=30, K=4, C=3, trans3d=True, proj_start=True, proj_end=True, variable=True,
-                         dtype=torch.float32, seed=10).requiring_grad()
-        value = case.forward()
-        return [value] + grads(value, case, torch.ones(3))
+                         dtype=torch.float32, seed=10).leaves()
+        with recording() as taken:
+            value = case.forward(semiring)
+        assert taken == [f"semicrf.torch.{semiring}.train"]
+        return [value] + grads(value, case, torch.linspace(0.5, 1.5, 3))
 
-    for a, b in zip(run(), run()):
-        assert torch.equal(a, b)
+    for semiring in ("log", "max"):
+        for a, b in zip(run(semiring), run(semiring)):
+            assert torch.equal(a, b), semiring
 
 
 def test_float32_stays_accurate_at_T_100000():
-    case = make_case(B=1, T=100_000, K=2, C=2, dtype=torch.float32, seed=11)
-    value = case.forward()
-    reference = case.to(torch.float64).forward()
-    assert value.dtype == torch.float32
+    """Inputs drawn in float64; the float32 run gets them rounded to float32, the reference run the float64
+    originals: logZ from float32 inputs is within 1e-6 relative of logZ from the exact inputs."""
+    exact = make_case(B=1, T=100_000, K=2, C=2, dtype=torch.float64, seed=11)
+    rounded = exact.to(torch.float32)
+    value = rounded.forward()
+    reference = exact.forward()
+    assert value.dtype == torch.float32 and reference.dtype == torch.float64
     assert abs(float(value) - float(reference)) <= 1e-6 * abs(float(reference))
 
 

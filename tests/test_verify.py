@@ -1,21 +1,21 @@
-"""The verifier is itself tested: a toy family with a planted-wrong route, broken declarations, and bugs planted in
-text-mutated copies of the semi-CRF PyTorch reference, each of which must make ``verify`` fail naming the route
-and the check."""
+"""The verifier is itself tested: a toy family with a planted-wrong route, broken declarations, and bugs planted (as
+text mutations) in the real semi-CRF PyTorch reference module behind the torch routes, each of which must make
+``verify`` fail naming the route and the check."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
 import subprocess
-import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import torch
 
-from kernels.semicrf import dispatch
+from kernels.semicrf import reference as torch_reference
 from kernels.semicrf.family import FAMILY as SEMICRF
+from kernels.semicrf.family import exact_backend
 from sentinel import records, registry, report
 from sentinel.checks import compare
 from sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
@@ -98,7 +98,7 @@ def test_bad_input_that_is_accepted_or_not_named_fails(toy_family):
     check = verify_route(toy_family(bad_inputs=(accepted, unnamed)), "toy.slow", CPU).check("bad_input")
     assert not check.passed
     assert "x (float64): accepted without error" in check.detail
-    assert "fast (1-D x): message does not name 'fast'" in check.detail
+    assert "fast (1-D x): message does not start with 'fast'" in check.detail
 
 
 def test_compare_measures_errors_and_handles_infinities():
@@ -175,6 +175,18 @@ def test_json_junit_and_record_formats(tmp_path, monkeypatch, toy_family):
     assert record["sources"][some] == blob.strip()
 
 
+def test_problems_are_failing_junit_testcases_and_json_entries(tmp_path, toy_family):
+    """Every route passing but an invariant test missing: the exit code is 1, so the JUnit file must fail too."""
+    results = [verify_route(toy_family(), "toy.slow", CPU)]
+    problems = ["toy: invariant test tests/test_x.py::test_gone does not exist"]
+    report.write_junit(tmp_path / "j.xml", results, problems)
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    failed = [(c.get("classname"), c.get("name")) for c in root.iter("testcase") if c.find("failure") is not None]
+    assert failed == [(report.PROBLEMS_CLASS, problems[0])]
+    assert root.get("tests") == str(len(CHECKS) + 1) and root.get("failures") == "1"
+    assert report.json_report(results, "abc", {"type": "cpu", "name": "CPU"}, problems)["problems"] == problems
+
+
 def test_device_slug():
     assert records.device_slug({"type": "cpu", "name": "CPU (Triton interpreter)"}) == "cpu"
     assert records.device_slug({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "cuda-nvidia-h100-80gb-hbm3"
@@ -200,43 +212,58 @@ def test_every_semicrf_route_passes_quick():
         assert result.passed, (route_id, [c.detail for c in result.checks if not c.passed])
 
 
-def mutant_reference(old: str, new: str) -> types.ModuleType:
-    """A copy of kernels/semicrf/reference.py with ``old`` replaced by ``new`` (which must occur exactly once)."""
-    source = (REPO_ROOT / "kernels/semicrf/reference.py").read_text()
+def test_semicrf_references_refuse_to_decode_a_tied_best_path():
+    """All-zero scores tie every segmentation: the float64 reference and the exact backend fail loudly instead of
+    decoding one of the tied paths."""
+    case = SEMICRF.make_case("semicrf.torch.viterbi", size="tiny", dtype=torch.float64, device=torch.device("cpu"),
+                             seed=0)
+    zeros = {n: torch.zeros_like(x) for n, x in case.kwargs.items()
+             if isinstance(x, torch.Tensor) and x.is_floating_point()}
+    tied = case.with_kwargs("all scores 0", **zeros)
+    for decode in (SEMICRF.reference, exact_backend):
+        with pytest.raises(AssertionError, match="not a 0/1 indicator.*tied"):
+            decode(tied)
+
+
+def plant(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
+    """Plant a bug in the real ``kernels.semicrf.reference`` module for one test: its source with ``old`` replaced by
+    ``new`` (which must occur exactly once) is executed and every name of the result replaces the module's
+    (monkeypatch restores them). The torch routes, which read that module, run the mutant; the family's
+    reference (``sentinel.oracles.semicrf``) must not see it."""
+    source = Path(torch_reference.__file__).read_text()
     assert source.count(old) == 1, f"mutation target {old!r} not found once in reference.py"
-    module = types.ModuleType("kernels.semicrf.reference_mutant")
-    exec(compile(source.replace(old, new), "reference_mutant.py", "exec"), module.__dict__)
-    return module
+    namespace: dict = {"__name__": torch_reference.__name__}
+    exec(compile(source.replace(old, new), torch_reference.__file__, "exec"), namespace)
+    for name, value in namespace.items():
+        if not name.startswith("__"):
+            monkeypatch.setattr(torch_reference, name, value, raising=False)
 
 
-FORWARD = {"reference", "exact"}
-ALL_TORCH = {route: FORWARD for route in TORCH_ROUTES}
-PLANTED = {  # bug: (text in reference.py, its mutation, {route: checks that must fail}); other torch routes pass
-    "ring-buffer index off by one": ("i = first % self.K", "i = (first + 1) % self.K", ALL_TORCH),
+FORWARD = {"reference", "exact"}  # the checks a planted bug must fail on each route it breaks
+LOG_AND_MAX_PARTITION = ["semicrf.torch.log.infer", "semicrf.torch.log.train", "semicrf.torch.max.infer"]
+PLANTED = {  # bug: (text in reference.py, its mutation, the torch routes it breaks); the other torch routes pass
+    "ring-buffer index off by one": ("i = first % self.K", "i = (first + 1) % self.K", TORCH_ROUTES),
     "transposed transition": ("reduce(alpha[:, :, None] + self.trans_2d, 1)",
                               "reduce(alpha[:, :, None] + self.trans_2d.T, 1)",
-                              {"semicrf.torch.log.infer": FORWARD, "semicrf.torch.log.train": FORWARD,
-                               # the tiny case's best path repeats one label (diagonal transitions only): the random
-                               # shapes of the properties catch it
-                               "semicrf.torch.max.infer": {"properties"}}),
-    "wrong duration index": ("self.dur_by_w = self.dur.flip(0)", "self.dur_by_w = self.dur", ALL_TORCH),
+                              LOG_AND_MAX_PARTITION),  # max.train and Viterbi follow backpointers instead
+    "wrong duration index": ("self.dur_by_w = self.dur.flip(0)", "self.dur_by_w = self.dur", TORCH_ROUTES),
     "missing length mask": ("self.lengths: list[int] = call.lengths.tolist()", "self.lengths: list[int] = [T] * B",
-                            ALL_TORCH),
-    "dropped proj_end": ("cum[:, 1:] + proj_end, pad]", "cum[:, 1:], pad]", ALL_TORCH),
+                            TORCH_ROUTES),
+    "dropped proj_end": ("cum[:, 1:] + proj_end, pad]", "cum[:, 1:], pad]", TORCH_ROUTES),
     "wrong proj_start gradient": ("g_ps = self.starts[:, :-1]", "g_ps = self.ends[:, 1:]",
-                                  {"semicrf.torch.log.train": FORWARD}),
+                                  ["semicrf.torch.log.train"]),
 }
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_bug_in_reference_fails_the_right_routes_and_checks(bug, monkeypatch):
+    """Default sizes (not --quick): the small case has a 2-D transition, the tiny one a 3-D transition. Only the
+    checks that compare with the references run (the others would only cost time)."""
     old, new, broken = PLANTED[bug]
-    mutant = mutant_reference(old, new)
-    original = dispatch._backend
-    monkeypatch.setattr(dispatch, "_backend", lambda name: mutant if name == "torch" else original(name))
+    plant(monkeypatch, old, new)
+    options = dataclasses.replace(QUICK, quick=False, checks=("route", "reference", "exact"))
     for route_id in TORCH_ROUTES:
-        expected = broken.get(route_id, set())
-        checks = ("route", "reference", "exact", *sorted(expected - FORWARD))  # the rest would only cost time
-        result = verify_route(SEMICRF, route_id, dataclasses.replace(QUICK, checks=checks))
+        result = verify_route(SEMICRF, route_id, options)
         failed = {c.name for c in result.checks if not c.passed}
-        assert failed == expected, (route_id, [c.detail for c in result.checks if not c.passed])
+        assert failed == (FORWARD if route_id in broken else set()), (
+            route_id, [c.detail for c in result.checks if not c.passed])

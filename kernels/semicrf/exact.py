@@ -44,7 +44,7 @@ def edges_from_streaming(
     B, T = cum_scores.shape[0], cum_scores.shape[1] - 1
     full = torch.full((B,), T, dtype=torch.int64, device=cum_scores.device)
     call = make_call("partition", cum_scores, transition, duration_bias, full, K, "log", proj_start, proj_end, False)
-    device = cum_scores.device
+    device, K = cum_scores.device, call.K
     start = torch.arange(T, device=device)[:, None]  # (T, 1)
     end = start + torch.arange(1, K + 1, device=device)  # (T, K): s + d
     inside = end <= T
@@ -125,7 +125,10 @@ class SemiMarkov:
         """d logpartition / d edge, same shape as ``edge`` (not differentiable itself).
 
         Log: P(segment [s, s+d) with label c entered from c_prev) (at s = 0 only row 0 is non-zero); a sequence
-        with no allowed segmentation (log Z = -inf) gets zeros. Max: the indicator of the best segmentation.
+        with no allowed segmentation (log Z = -inf) gets zeros. Max: the indicator of the best segmentation when
+        it is unique. Between exactly tied best segmentations it is not an indicator: every max splits its
+        gradient evenly between tied terms (``Max.sum``), which gives a convex combination of the tied
+        segmentations' indicators (fractional entries).
         """
         if not isinstance(self.semiring, (Log, Max)):
             raise ValueError(f"marginals are defined for the Log and Max semirings, not {self.semiring!r}")

@@ -1,5 +1,6 @@
-"""Registration of the semi-CRF family with sentinel: inputs per route, the float64 reference, the oracles
-(exact backend on edges, brute-force enumeration), tolerances, properties, guards, bad inputs, invariants.
+"""Registration of the semi-CRF family with sentinel: inputs per route, the float64 reference (the independent
+recursion of :mod:`sentinel.oracles.semicrf`), the oracles (exact backend on edges, brute-force enumeration),
+tolerances, properties, guards, bad inputs, invariants.
 
 Outputs of a route, by name: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>``
 for each of the five tensors present (the gradient of ``sum_b w_b value_b`` with per-sequence weights ``w``);
@@ -17,12 +18,11 @@ from hypothesis import strategies as st
 
 import kernels.semicrf as package
 from kernels import semiring as semirings
-from kernels.semicrf import autograd, dispatch
+from kernels.semicrf import autograd
 from kernels.semicrf import reference as torch_reference
 from kernels.semicrf import triton_forward
 from kernels.semicrf.dispatch import TREE, make_call, semi_crf_streaming_forward, semi_crf_viterbi
 from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from kernels.semicrf.structures import ViterbiPath, to_result
 from sentinel.checks import expect, expect_close, run_route
 from sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property, Tolerance
 from sentinel.oracles import semicrf as oracle
@@ -51,9 +51,11 @@ class Shape:
     seed: int = 0
 
 
+# One 2-D and one 3-D transition: the default run checks both against the references and oracles; --quick (all
+# tiny) sees 2-D transitions in the properties' random shapes and the 2-D guard only.
 SIZES = {
-    "small": Shape(B=3, T=12, K=4, C=3, lengths=(12, 7, 1), transition_3d=True, proj_start=True, proj_end=True),
-    "tiny": Shape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True),
+    "small": Shape(B=3, T=12, K=4, C=3, lengths=(12, 7, 1), transition_3d=False, proj_start=True, proj_end=True),
+    "tiny": Shape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=True, proj_start=True, proj_end=True),
 }
 
 
@@ -152,38 +154,46 @@ def _float64_leaves(case: Case) -> dict[str, Any]:
     return kwargs
 
 
-def _call(kwargs: dict[str, Any], op: str, semiring: str) -> dispatch.StreamingCall:
-    return make_call(op, kwargs["cum_scores"], kwargs["transition"], kwargs["duration_bias"], kwargs["lengths"],
-                     kwargs["K"], semiring, kwargs["proj_start"], kwargs["proj_end"], False)
-
-
-def _viterbi_path_outputs(call: dispatch.StreamingCall, path: ViterbiPath) -> Outputs:
-    result = to_result(call, path)
-    return viterbi_outputs(result.scores, *result.padded(call.T))
+def _naive(kwargs: dict[str, Any], semiring: str, **changes: Any) -> torch.Tensor:
+    """``oracle.naive_partition`` on the arguments (with ``changes``), autograd enabled."""
+    kw = {**kwargs, **changes}
+    with torch.enable_grad():
+        return oracle.naive_partition(kw["cum_scores"], kw["transition"], kw["duration_bias"], kw["lengths"], kw["K"],
+                                      semiring, kw["proj_start"], kw["proj_end"])
 
 
 def reference(case: Case) -> Outputs:
-    """The PyTorch reference module (``kernels.semicrf.reference``, its hand-written backward included) called
-    directly on float64 copies of the inputs, bypassing the dispatcher."""
+    """The independent float64 reference ``sentinel.oracles.semicrf.naive_partition`` (the plain recursion keeping
+    every alpha; no code shared with any route) on float64 copies of the inputs, gradients by torch autograd.
+    Viterbi routes: the best score, and the path read off the gradient of the best score w.r.t. ``proj_start``
+    (a zero one when absent): 1 exactly at the (start, label) of each best segment (a tie fails loudly)."""
     kwargs = _float64_leaves(case)
-    weights = case.extra["weights"].double()
-    if case.entry == VITERBI:
-        call = _call(kwargs, "viterbi", "max")
-        return _viterbi_path_outputs(call, torch_reference.viterbi(call))
-    call = _call(kwargs, "partition", kwargs["semiring"])
-    if not any(x.requires_grad for x in _present(kwargs).values()):
-        return {"value": torch_reference.partition(call)}
-    if call.semiring == "log":
-        value, saved = torch_reference.forward_checkpointed(call)
-        grads = torch_reference.backward(call, saved, value, weights)
-        return {"value": value, **{f"grad_{n}": g for n, g in zip(TENSORS, grads) if g is not None}}
-    value = autograd.max_partition(torch_reference, call)
-    return {"value": value.detach(), **_gradients(value, kwargs, weights)}
+    if case.entry != VITERBI:
+        value = _naive(kwargs, kwargs["semiring"])
+        return {"value": value.detach(), **_gradients(value, kwargs, case.extra["weights"].double())}
+    cum = kwargs["cum_scores"]
+    given = kwargs["proj_start"]
+    leaf = (torch.zeros_like(cum[:, 1:]) if given is None else given.detach()).requires_grad_(True)
+    best = _naive(kwargs, "max", proj_start=leaf)
+    (starts,) = torch.autograd.grad(best.sum(), leaf)
+    return viterbi_outputs(best, *_path_tensors(_segments_from_starts(starts, kwargs["lengths"].tolist()),
+                                                cum.shape[1] - 1))
+
+
+def _segments_from_starts(starts: torch.Tensor, lengths: list[int]) -> list[list[tuple[int, int, int]]]:
+    """``(start, duration, label)`` per sequence from a (B, T, C) 0/1 indicator of each segment's (start, label):
+    a segment runs to the next start, the last one to the sequence's length."""
+    found: list[list[tuple[int, int]]] = [[] for _ in lengths]
+    for b, s, c in _ones(starts, "d best / d proj_start"):
+        found[b].append((s, c))
+    return [[(s, end - s, c) for (s, c), end in zip(marks, [s for s, _ in marks[1:]] + [L])]
+            for marks, L in zip(found, lengths)]
 
 
 def exact_backend(case: Case) -> Outputs:
     """``SemiMarkov(Log or Max).logpartition`` on ``edges_from_streaming`` of float64 copies; gradients by
-    autograd through both; the Viterbi path from the Max marginals (the indicator of the best segmentation)."""
+    autograd through both; the Viterbi path from the Max marginals (the indicator of the best segmentation; a tie
+    fails loudly)."""
     kwargs = _float64_leaves(case)
     lengths, K = kwargs["lengths"], kwargs["K"]
     with torch.enable_grad():
@@ -207,11 +217,20 @@ def _path_tensors(segments: list[list[tuple[int, int, int]]], T: int) -> tuple[t
     return labels, starts
 
 
+def _ones(indicator: torch.Tensor, what: str) -> list[list[int]]:
+    """The indices of the 1s of a 0/1 tensor, in lexicographic order. A value neither 0 nor 1 fails loudly: the
+    gradient of a max is split between exactly tied best segmentations, and no single path can be read off."""
+    expect(bool(((indicator == 0) | (indicator == 1)).all()),
+           f"{what}: not a 0/1 indicator (values {sorted(set(indicator.flatten().tolist()))[:6]}); the best "
+           f"segmentation is tied")
+    return (indicator == 1).nonzero().tolist()
+
+
 def _decode(indicator: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``labels`` and ``starts`` of the segments marked in a (B, T, K, C, C) indicator."""
+    """``labels`` and ``starts`` of the segments marked in a (B, T, K, C, C) 0/1 indicator."""
     B, T = indicator.shape[:2]
     segments: list[list[tuple[int, int, int]]] = [[] for _ in range(B)]
-    for b, s, d0, _, c in (indicator > 0.5).nonzero().tolist():
+    for b, s, d0, _, c in _ones(indicator, "the Max marginals"):
         segments[b].append((s, d0 + 1, c))
     return _path_tensors(segments, T)
 
@@ -454,6 +473,10 @@ ADVERSARIAL = (
     Adversarial("all transitions -inf", ("semicrf.*",),
                 lambda c: _with(c, "transition = -inf", "transition", lambda x: torch.full_like(x, -math.inf)),
                 allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K),
+    Adversarial("all transitions -inf, 2-D transition", ("semicrf.*",),
+                lambda c: _with(_rebuilt(c, transition_3d=False), "2-D transition = -inf", "transition",
+                                lambda x: torch.full_like(x, -math.inf)),
+                allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K),
     Adversarial("self transitions -inf", ("semicrf.*",),
                 lambda c: _with(c, "transition diagonal = -inf", "transition",
                                 lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool, device=x.device),
@@ -487,6 +510,7 @@ BAD_INPUTS = (
     _bad("cum_scores", "T = 0", lambda c: _kw(c, "cum_scores")[:, :1]),
     _bad("transition", "shape (C+1, C)", lambda c: _kw(c, "transition").new_zeros(c.extra["shape"].C + 1,
                                                                                    c.extra["shape"].C)),
+    _bad("transition", "twice as many rows", lambda c: torch.cat([_kw(c, "transition")] * 2)),
     _bad("transition", "other dtype than cum_scores", lambda c: _kw(c, "transition").double()
          if _kw(c, "transition").dtype == torch.float32 else _kw(c, "transition").float()),
     _bad("transition", "on another device", lambda c: _kw(c, "transition").to("meta")),

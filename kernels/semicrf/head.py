@@ -144,7 +144,8 @@ class SemiMarkovCRFHead(nn.Module):
 
         ``labels`` (B, T) int64 per position; ``starts`` (B, T) bool marks segment starts (None: a new segment
         wherever the label changes). ``reduction``: ``"mean"`` / ``"sum"`` over the batch, or ``"none"`` (B,).
-        The NLL is >= 0 (clamped at 0 to absorb rounding) and ``exp(-NLL)`` sums to 1 over all segmentations.
+        The NLL is >= 0 up to rounding and ``exp(-NLL)`` sums to 1 over all segmentations; it is returned as
+        computed, never clamped (a clamp would hide an unnormalised loss and zero its gradient).
         An invalid gold (run longer than K, labels changing inside a segment, labels outside 0..C-1) or a gold the
         model forbids (score -inf) is a ValueError.
         """
@@ -161,7 +162,7 @@ class SemiMarkovCRFHead(nn.Module):
             b = int(forbidden.nonzero()[0])
             raise ValueError(f"labels: the gold segmentation of sequence {b} has score -inf (it uses a transition or "
                              f"duration the model forbids)")
-        nll = (self._partition(inputs, backend, "log") - gold).clamp_min(0)
+        nll = self._partition(inputs, backend, "log") - gold
         return nll if reduction == "none" else getattr(nll, reduction)()
 
     @torch.no_grad()

@@ -9,16 +9,24 @@ recursion in ``kernels``:
              + sum_{i>=1} trans(d_i)[c_{i-1}, c_i]          (the first segment pays no transition)
 
 A segmentation is a tuple of ``(start, duration, label)``. Keep L, K, C tiny: the count grows like (C K)^L.
+
+Two differentiable float64 references in torch, also independent of ``kernels``, for larger problems and for
+gradients by autograd:
+
+- :func:`brute_force_partition`: every segmentation scored with torch indexing, then logsumexp / max (tiny only).
+- :func:`naive_partition`: the plain alpha recursion keeping every alpha (no ring buffer, no checkpoints, no
+  hand-written backward), O(T K) Python steps.
 """
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
 Segmentation = tuple[tuple[int, int, int], ...]
+REDUCE: dict[str, Callable[..., torch.Tensor]] = {"log": torch.logsumexp, "max": torch.amax}  # ⊕ over a dim
 
 
 @lru_cache(maxsize=None)
@@ -185,3 +193,63 @@ def segment_marginals(scored, T: int, K: int, C: int) -> torch.Tensor:
             for s, d, c in y:
                 out[b, s, d - 1, c] += p
     return out
+
+
+# ------------------------------------------------------------------------------ differentiable torch references
+
+
+def _float64_inputs(cum_scores, transition, duration_bias, proj_start, proj_end):
+    """The five tensors in float64 (graph kept, for autograd); absent projections as zeros (B, T, C)."""
+    cum = cum_scores.to(torch.float64)
+    zeros = cum.new_zeros(cum.shape[0], cum.shape[1] - 1, cum.shape[2])
+    as64 = [None if x is None else x.to(torch.float64) for x in (transition, duration_bias, proj_start, proj_end)]
+    trans, dur, ps, pe = as64
+    return cum, trans, dur, zeros if ps is None else ps, zeros if pe is None else pe
+
+
+def naive_partition(cum_scores, transition, duration_bias, lengths, K: int, semiring: str = "log",
+                    proj_start=None, proj_end=None) -> torch.Tensor:
+    """logZ (``semiring="log"``) or the best score (``"max"``) per sequence, (B,) float64, by the plain recursion
+
+        alpha[t, c] = ⊕_{d=1..min(K,t)} seg(t-d, d, c) + [t-d > 0] ⊕_{c'} (alpha[t-d, c'] + trans(d)[c', c])
+        result[b]   = ⊕_c alpha[L_b, c]
+
+    keeping every alpha in a Python list, on the device of the inputs; differentiable by torch autograd in every
+    tensor argument (shapes as ``semi_crf_streaming_forward``). For ``"max"`` the gradient is the indicator of
+    the best segmentation's features (``torch.amax`` splits it evenly between exactly tied maxima, so at a tie
+    it is not an indicator). Values are exact with -inf entries; gradients are only meaningful where every ⊕
+    has a finite term (a logsumexp of only -inf terms has a NaN gradient): use finite inputs for gradients.
+    """
+    reduce = REDUCE[semiring]
+    cum, trans, dur, ps, pe = _float64_inputs(cum_scores, transition, duration_bias, proj_start, proj_end)
+    alpha: list[Optional[torch.Tensor]] = [None]  # alpha[t] (B, C); no segment ends at 0
+    for t in range(1, cum.shape[1]):
+        terms = []
+        for d in range(1, min(K, t) + 1):
+            s = t - d
+            term = cum[:, t] - cum[:, s] + dur[d - 1] + ps[:, s] + pe[:, t - 1]
+            if s > 0:  # the first segment pays no transition
+                trans_d = trans[d - 1] if trans.dim() == 3 else trans
+                term = term + reduce(alpha[s][:, :, None] + trans_d, 1)
+            terms.append(term)
+        alpha.append(reduce(torch.stack(terms), 0))
+    return torch.stack([reduce(alpha[int(L)][b], 0) for b, L in enumerate(torch.as_tensor(lengths).tolist())])
+
+
+def brute_force_partition(cum_scores, transition, duration_bias, lengths, K: int, semiring: str = "log",
+                          proj_start=None, proj_end=None) -> torch.Tensor:
+    """logZ or the best score (B,) float64: every segmentation of :func:`segmentations` scored by torch indexing
+    from the convention, then logsumexp / max; differentiable by autograd (for max, at the best segmentation)."""
+    cum, trans, dur, ps, pe = _float64_inputs(cum_scores, transition, duration_bias, proj_start, proj_end)
+    out = []
+    for b, L in enumerate(torch.as_tensor(lengths).tolist()):
+        ys = segmentations(L, K, cum.shape[2])
+        rows = [(i, s, d, c, prev) for i, y in enumerate(ys)
+                for (s, d, c), prev in zip(y, (-1,) + tuple(c for _, _, c in y[:-1]))]
+        i, s, d, c, prev = (torch.tensor(col, device=cum.device) for col in zip(*rows))
+        score = cum[b, s + d, c] - cum[b, s, c] + dur[d - 1, c] + ps[b, s, c] + pe[b, s + d - 1, c]
+        paid = (trans if trans.dim() == 3 else trans.expand(K, -1, -1))[d - 1, prev.clamp(min=0), c]
+        score = score + torch.where(prev >= 0, paid, torch.zeros_like(paid))  # the first segment pays none
+        totals = score.new_zeros(len(ys)).index_add(0, i, score)
+        out.append(REDUCE[semiring](totals, 0))
+    return torch.stack(out)

@@ -1,0 +1,242 @@
+"""Triton hand-written backward of the semi-CRF log partition, one program per sequence.
+
+Outside recursion (beta[L, ·] = 0):
+
+    beta[s, c'] = ⊕_{d, c: s+d <= L} trans(d)[c', c] + seg(s, d, c) + beta[s+d, c],
+
+segment marginals P(s, d, c', c) = exp(alpha[s, c'] + trans(d)[c', c] + seg(s, d, c) + beta[s+d, c] - logZ)
+(s = 0: exp(seg + beta - logZ)) and from them, each multiplied by grad_logZ[b]:
+
+    g_cum[t, c] = ends(t, c) - starts(t, c),  g_ps[s, c] = starts(s, c),  g_pe[t-1, c] = ends(t, c),
+    g_dur[d-1, c] = Σ_s Σ_c' P(s, d, c', c),  g_trans = Σ_s Σ_d P (2-D) or Σ_s P per d (3-D),
+
+with ends(t, c) = exp(alpha[t, c] + beta[t, c] - logZ) and starts(s, c) = Σ_d Σ_c' P(s, d, c', c).
+
+Memory: the forward saved its ring every S steps (``ck_ring``). The program walks the intervals (kS, (k+1)S] from
+the last to the first: it restores the ring of step kS, recomputes alpha over the interval with the forward's own
+step (float64 offsets + input-dtype values into a (S+1, C) buffer), then runs the outside recursion down the interval
+with its own ring of float64 entries ``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots).
+
+Precision: as in :mod:`kernels.semicrf.triton_forward`: the outside recursion's logsumexps run in float64 on
+``X = W[s+d] + ps[s] - cum[s] - M + dur`` (M = max beta[s+1], the carried float64 reference). The marginals are
+exponentials of input-dtype numbers that are O(1) for the terms that matter (X, a[s] = alpha relative to its max
+A[s], ``G = A[s] + M - logZ``). The duration / transition sums accumulate in the input dtype within one
+checkpoint interval and in float64 across intervals, so their rounding does not grow with T.
+
+Determinism: each program writes only its own rows of g_cum / g_ps / g_pe and its own (b, ...) float64 partial
+sums for duration_bias and transition (from registers, or for duration chunks >= 1 / 3-D transitions a
+per-sequence buffer updated by the thread that owns each element); the host sums them over b in a fixed order.
+No atomics.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.semicrf.triton_forward import (
+    SIZES,
+    _lse,
+    _lse_merge,
+    _lse_parts,
+    _safe,
+    alpha_step,
+    copy_block,
+    dur_chunk,
+    load_constants,
+    position_inputs,
+    ring_rows,
+    trans_chunk,
+)
+
+
+@triton.jit
+def _accumulate(ptr, value, mask):
+    """ptr[...] += value in float64, each element read and written by the thread that owns it (deterministic, no
+    atomics)."""
+    tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + value.to(tl.float64), mask=mask)
+
+
+@triton.jit
+def _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur_k, trans_k, g_trans, cols, cmask,
+                   TRANS_3D: tl.constexpr, FT: tl.constexpr):
+    """Segments [s, s+d) for a chunk of durations d (DB,). Returns (max (float64), sum exp) of the online
+    logsumexp (2-D: of seg + beta - M over d per c; 3-D: of trans(d) + seg + beta - M over (d, c) per c'), the
+    marginals Σ_c' P(s, d, c', c) (DB, CP) and, for 3-D, their sum over d (2-D: 0). 3-D: adds P to the
+    per-sequence transition gradient buffer, times g = grad_logZ[b] (not at s = 0, where the first segment pays
+    no transition)."""
+    slot, ok = ring_rows(s + d, d, kmax, KR, cols, cmask)
+    w = tl.load(bring + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
+    x64 = tl.where(ok, w + h[None, :] - M + dur_k.to(tl.float64), float("-inf"))  # seg(s, d, c) + beta[s+d, c] - M
+    x = x64.to(FT)
+    if TRANS_3D:
+        pairs_in = a_s[None, :, None] + trans_k  # alpha[s, c'] - A[s] + trans(d)[c', c], (DB, CP', CP)
+        incoming = tl.where((s + 0 * d == 0)[:, None], 0.0, _lse(pairs_in, 1))  # in(s, d) - A[s], (DB, CP)
+        seg = tl.exp(x + incoming + G)
+        pair_ok = (d <= kmax) & (s + 0 * d > 0)
+        ptr = g_trans + (d - 1)[:, None, None] * C * C + cols[None, :, None] * C + cols[None, None, :]
+        _accumulate(ptr, g * tl.exp(pairs_in + x[:, None, :] + G),
+                    pair_ok[:, None, None] & cmask[None, :, None] & cmask[None, None, :])
+        out = trans_k + x[:, None, :]
+        top = tl.max(tl.max(out, 2), 0)
+        total = tl.sum(tl.sum(tl.exp(out - _safe(top)[None, :, None]), 2), 0).to(tl.float64)
+        top = top.to(tl.float64)
+        starts = tl.sum(seg, 0)
+    else:
+        seg = tl.exp(x + (incoming + G)[None, :])
+        top, total = _lse_parts(x64, 0)
+        starts = tl.zeros_like(total)
+    return top, total, seg, starts
+
+
+@triton.jit
+def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0, trans0, g_dur, g_trans, dur_acc,
+             trans_acc, cols, cmask, TRANS_3D: tl.constexpr, FT: tl.constexpr, CP: tl.constexpr,
+             DB: tl.constexpr, NCHUNK: tl.constexpr):
+    """Segments starting at s: returns (starts(s) (CP,), beta[s] - M (CP,) float64, dur_acc, trans_acc). The
+    duration gradient of chunk 0 accumulates in ``dur_acc`` (registers), of later chunks in the per-sequence
+    float64 buffer (times g = grad_logZ[b]); the 2-D transition gradient in ``trans_acc`` (skipped at s = 0,
+    ``first``).
+
+    ``h = ps[s] - cum[s]`` (float64), ``a_s = alpha[s] - A[s]``, ``G = A[s] + M - logZ`` (A[0] = 0)."""
+    if TRANS_3D:
+        incoming = tl.zeros((CP,), FT)  # unused: in(s, d) depends on d, computed per chunk
+    else:
+        pairs_in = a_s[:, None] + trans0  # alpha[s, c'] - A[s] + trans[c', c], (CP', CP)
+        incoming = tl.where(first, 0.0, _lse(pairs_in, 0))  # in(s) - A[s]
+    d = 1 + tl.arange(0, DB)
+    top, total, seg, starts = _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur0, trans0,
+                                             g_trans, cols, cmask, TRANS_3D, FT)
+    dur_acc += seg
+    for k in range(1, NCHUNK):
+        d = k * DB + 1 + tl.arange(0, DB)
+        if TRANS_3D:
+            trans_k = trans_chunk(trans, d, K, C, cols, cmask)
+        else:
+            trans_k = trans0
+        c_top, c_total, c_seg, c_starts = _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring,
+                                                         dur_chunk(dur, d, K, C, cols, cmask), trans_k, g_trans,
+                                                         cols, cmask, TRANS_3D, FT)
+        top, total = _lse_merge(top, total, c_top, c_total)
+        starts += c_starts
+        _accumulate(g_dur + (d - 1)[:, None] * C + cols[None, :], g * c_seg, (d <= K)[:, None] & cmask[None, :])
+    lse = _safe(top) + tl.log(total)
+    if TRANS_3D:
+        beta = lse
+    else:
+        out = lse.to(FT) + G  # o(s) - M + G
+        starts = tl.exp(incoming + out)
+        beta = _lse(trans0.to(tl.float64) + lse[None, :], 1)
+        trans_acc += tl.where(first, 0.0, tl.exp(pairs_in + out[None, :]))
+    return starts, beta, dur_acc, trans_acc
+
+
+@triton.jit(do_not_specialize=SIZES)
+def semicrf_backward_kernel(
+    cum, trans, dur, ps, pe, lengths, logz, grad,  # inputs as in the forward; logZ (B,) float64, grad_logZ (B,)
+    ring, ring_a, ck_ring, ck_ring_a, ck_offset,  # forward scratch rings and the forward's checkpoints
+    alpha_a, alpha_A,  # interval buffers: (B, S+1, C) a-values, (B, S+1) float64 offsets
+    bring,  # (B, KR, C) float64 outside ring
+    g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2, zero-filled
+    g_dur, g_trans,  # float64 per-sequence sums x grad_logZ[b]: (B, K, C), (B, C, C) | (B, K, C, C), zero-filled
+    T, K, KR, S, NCK, C,
+    TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
+    FT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+):
+    """One program per sequence: recompute alpha interval by interval, run the outside recursion, write
+    gradients (see the module docstring)."""
+    b = tl.program_id(0).to(tl.int64)
+    L = tl.load(lengths + b).to(tl.int32)
+    logZ = tl.load(logz + b)
+    dead = logZ == float("-inf")  # no finite segmentation: zero gradients
+    g = tl.where(dead, 0.0, tl.load(grad + b).to(FT))
+    logZ = tl.where(dead, 0.0, logZ)
+    cum += b * (T + 1) * C
+    ps += b * T * C
+    pe += b * T * C
+    ring += b * KR * C
+    ring_a += b * KR * C
+    alpha_a += b * (S + 1) * C
+    alpha_A += b * (S + 1)
+    bring += b * KR * C
+    g_cum += b * (T + 1) * C
+    g_ps += b * T * C
+    g_pe += b * T * C
+    if TRANS_3D:
+        g_trans += b * K * C * C
+    else:
+        g_trans += b * C * C
+    g_dur += b * K * C
+    cols = tl.arange(0, CP)
+    cmask = cols < C
+    dur0, trans0 = load_constants(trans, dur, K, C, cols, cmask, TRANS_3D, DB)
+    dur_total = tl.zeros((DB, CP), tl.float64)  # register sums: float32 within an interval, float64 across
+    trans_total = tl.zeros((CP, CP), tl.float64)
+    M = tl.zeros((), tl.float64)
+
+    n_intervals = (L + S - 1) // S
+    for j in range(n_intervals):
+        k = n_intervals - 1 - j
+        first_t = k * S
+        last_t = tl.minimum(first_t + S, L)
+        # restore the forward ring after step first_t and recompute alpha over (first_t, last_t]
+        tl.debug_barrier()
+        copy_block(ck_ring + (b * NCK + k) * KR * C, ring, KR * C, DB * CP)
+        if TRANS_3D:
+            copy_block(ck_ring_a + (b * NCK + k) * KR * C, ring_a, KR * C, DB * CP)
+        R = tl.load(ck_offset + b * NCK + k)
+        tl.debug_barrier()
+        cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, first_t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+        for t in range(first_t + 1, last_t + 1):
+            cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+            R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, ring,
+                              ring, cols, cmask, True, TRANS_3D, False, FT, DB, NCHUNK)
+            tl.store(alpha_a + (t - first_t) * C + cols, a.to(FT), mask=cmask)
+            tl.store(alpha_A + t - first_t, R)
+            cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
+        tl.debug_barrier()
+
+        if j == 0:  # position L: beta[L] = 0, a segment ends there with probability exp(alpha[L] - logZ)
+            a_L = tl.load(alpha_a + (L - first_t) * C + cols, mask=cmask, other=float("-inf"))
+            ends = g * tl.exp(a_L + (tl.load(alpha_A + L - first_t) - logZ).to(FT))
+            tl.store(g_cum + L * C + cols, ends, mask=cmask)
+            if HAS_PE:
+                tl.store(g_pe + (L - 1) * C + cols, ends, mask=cmask)
+            cum_L, ps_L, pe_L = position_inputs(cum, ps, pe, L, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+            tl.store(bring + (L % KR) * C + cols, cum_L + pe_L, mask=cmask)
+            tl.debug_barrier()
+
+        # outside recursion for s = top .. bottom (s = 0 belongs to the first interval)
+        top = tl.minimum(last_t, L - 1)
+        bottom = tl.where(k > 0, first_t + 1, 0)
+        cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, top, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+        dur_acc = tl.zeros((DB, CP), FT)
+        trans_acc = tl.zeros((CP, CP), FT)
+        for i in range(top - bottom + 1):
+            s = top - i
+            cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, s - 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+            first = s == 0
+            later = cmask & (s + 0 * cols > 0)  # (CP,) vector: the interpreter mishandles scalar & vector masks
+            a_s = tl.load(alpha_a + (s - first_t) * C + cols, mask=later, other=0.0)
+            A_s = tl.load(alpha_A + s - first_t, mask=s > 0, other=0.0)
+            G = (A_s + M - logZ).to(FT)
+            starts, beta, dur_acc, trans_acc = _outside(
+                s, M, G, g, tl.minimum(K, L - s), ps_t - cum_t, a_s, first, K, KR, C, bring, trans, dur, dur0, trans0,
+                g_dur, g_trans, dur_acc, trans_acc, cols, cmask, TRANS_3D, FT, CP, DB, NCHUNK)
+            ends = tl.where(first, 0.0, tl.exp(a_s + beta.to(FT) + G))
+            tl.store(g_cum + s * C + cols, g * (ends - starts), mask=cmask)
+            if HAS_PS:
+                tl.store(g_ps + s * C + cols, g * starts, mask=cmask)
+            if HAS_PE:
+                tl.store(g_pe + (s - 1) * C + cols, g * ends, mask=later)
+            tl.store(bring + (s % KR) * C + cols, M + beta + cum_t + pe_t, mask=cmask)
+            M += _safe(tl.max(beta, 0))
+            tl.debug_barrier()
+            cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
+        dur_total += dur_acc.to(tl.float64)
+        trans_total += trans_acc.to(tl.float64)
+
+    g = g.to(tl.float64)
+    d = 1 + tl.arange(0, DB)
+    tl.store(g_dur + (d - 1)[:, None] * C + cols[None, :], g * dur_total, mask=(d <= K)[:, None] & cmask[None, :])
+    if not TRANS_3D:
+        tl.store(g_trans + cols[:, None] * C + cols[None, :], g * trans_total, mask=cmask[:, None] & cmask[None, :])

@@ -1,0 +1,230 @@
+"""Triton backend of the streaming semi-CRF: the kernels behind the ``semicrf.triton.*`` routes.
+
+Same interface as :mod:`kernels.semicrf.reference` (conventions in :mod:`kernels.semicrf.dispatch`):
+``partition``, ``forward_checkpointed``, ``backward``, ``viterbi``. Every kernel runs one program per sequence,
+sequential over positions, with edges computed on the fly from ``cum_scores`` and O(K*C) live state (a ring of the
+last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longer than T never occur, so K is
+capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional proj_start / proj_end, variable
+lengths, float32 or float64 inputs; outputs in the input dtype.
+
+Precision (float32 inputs): the recursions carry float64 offsets and run every logsumexp along the chain of T
+dependent steps in float64 (see :mod:`kernels.semicrf.triton_forward`); float32 is left where errors cannot
+accumulate (O(1) marginals, sums within one checkpoint interval). Requirement: at T = 100,000, logZ within 1e-6
+relative of a float64 computation and gradients within 1e-4 norm-wise relative. Measured
+(benchmarks/NOTES-semicrf.md): logZ at the float32 output rounding (5e-8); with float32 logsumexps the gradients
+were 1.4e-4 off at T = 1e5 (an error random walk along the chain), with float64 ones the interpreter shows
+~1e-7 flat in T. 3-D transitions keep the per-duration reduction over the previous label in the input dtype
+(O(1) values, ~1e-7 per step). float64 inputs run in float64 throughout.
+
+Guards: -inf transitions / duration biases never give NaN (every logsumexp shift is guarded); a sequence with no
+segmentation of finite score gets logZ = -inf and zero gradients; its Viterbi score is -inf with some valid
+segmentation.
+
+Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T, S = ceil(sqrt(T*(K+1)))):
+
+- ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
+- ``forward_checkpointed`` saves the ring every S steps: (T//S + 1)*(K+1)*C float64 (+ as many float32 a-values
+  for 3-D transitions).
+- ``backward`` adds an interval buffer (S+1)*C, rings 3*(K+1)*C and float64 per-sequence partial sums
+  K*C + C*C (3-D: K*C*C): O(sqrt(T*K)*C + K*C) besides the gradients themselves (O(K*C*C) with 3-D transitions).
+- ``viterbi``: backpointers 2*(T+1)*C int32.
+
+Determinism: no atomics; each program writes its own rows and its own partial sums, summed over the batch on the
+host in a fixed order, so repeated runs give bitwise-identical gradients.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels import validate
+from kernels.dispatch import triton_usable
+from kernels.semicrf.dispatch import StreamingCall
+from kernels.semicrf.structures import ViterbiPath
+from kernels.semicrf.triton_backward import semicrf_backward_kernel
+from kernels.semicrf.triton_forward import semicrf_forward_kernel
+from kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
+
+TILE_2D = 4096  # elements of a (durations, labels) chunk for 2-D transitions
+TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transitions
+
+
+def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
+    """(DB, forward warps, backward warps) for capped K and C labels: durations per chunk, then warps from the
+    chunk's tile size e (measured on an H200, benchmarks/NOTES-semicrf.md): forward e/128 in [2, 8], backward
+    (more independent work per step) e/64 in [4, 8]."""
+    CP = triton.next_power_of_2(C)
+    per_duration = CP * CP if trans_3d else CP
+    DB = min(triton.next_power_of_2(K), max(1, (TILE_3D if trans_3d else TILE_2D) // per_duration))
+    tile = DB * per_duration
+    return DB, min(8, max(2, tile // 128)), min(8, max(4, tile // 64))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A call's tensors (contiguous), sizes and compile-time flags, shared by every kernel of the call."""
+
+    cum: Tensor
+    trans: Tensor
+    dur: Tensor
+    ps: Optional[Tensor]
+    pe: Optional[Tensor]
+    lengths: Tensor
+    B: int
+    T: int
+    C: int
+    K: int  # min(call.K, T)
+    K_call: int
+    S: int  # checkpoint interval
+    DB: int
+    warps: int
+    backward_warps: int
+    trans_3d: bool
+
+    @property
+    def KR(self) -> int:
+        return self.K + 1
+
+    @property
+    def NCK(self) -> int:
+        return self.T // self.S + 1
+
+    @property
+    def FT(self):
+        return tl.float32 if self.cum.dtype == torch.float32 else tl.float64
+
+    def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
+        make = torch.zeros if zero else torch.empty
+        return make(shape, dtype=dtype, device=self.cum.device)
+
+    def sizes(self) -> tuple[int, ...]:
+        return (self.T, self.K, self.KR, self.S, self.NCK, self.C)
+
+    def meta(self, warps: int) -> dict:
+        CP = triton.next_power_of_2(self.C)
+        return dict(TRANS_3D=self.trans_3d, HAS_PS=self.ps is not None, HAS_PE=self.pe is not None, FT=self.FT,
+                    CP=CP, DB=self.DB, NCHUNK=triton.cdiv(self.K, self.DB), num_warps=warps, num_stages=1)
+
+    def inputs(self) -> tuple[Tensor, ...]:
+        return (self.cum, self.trans, self.dur, self.cum if self.ps is None else self.ps,
+                self.cum if self.pe is None else self.pe, self.lengths)
+
+    def rings(self) -> tuple[Tensor, Tensor]:
+        """Scratch rings (B, KR, C): float64 entries, a-values (3-D transitions only)."""
+        ring_a = self.new(self.B, self.KR, self.C, dtype=self.cum.dtype) if self.trans_3d else self.cum
+        return self.new(self.B, self.KR, self.C, dtype=torch.float64), ring_a
+
+
+def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
+    if not isinstance(call, StreamingCall):
+        raise TypeError(f"call must be a StreamingCall (built by kernels.semicrf.dispatch.make_call), "
+                        f"got {type(call).__name__}")
+    if semiring is not None and call.semiring != semiring:
+        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
+    if not triton_usable(call.cum_scores.device):
+        raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
+                         f"Triton backend, got {call.cum_scores.device}")
+    B, T, C = call.batch, call.T, call.C
+    K = min(call.K, T)
+    trans_3d = call.transition.dim() == 3
+    DB, warps, backward_warps = config(K, C, trans_3d)
+    contiguous = lambda x: None if x is None else x.detach().contiguous()  # noqa: E731
+    return _Plan(
+        cum=contiguous(call.cum_scores), trans=contiguous(call.transition[:K] if trans_3d else call.transition),
+        dur=contiguous(call.duration_bias[:K]), ps=contiguous(call.proj_start), pe=contiguous(call.proj_end),
+        lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_call=call.K,
+        S=max(1, math.isqrt(T * (K + 1) - 1) + 1), DB=DB, warps=warps, backward_warps=backward_warps,
+        trans_3d=trans_3d)
+
+
+def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple[Tensor, ...]] = None,
+             backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
+    """Run the forward kernel; ⊕_c alpha[L_b, c] (B,) in ``out_dtype``."""
+    out = plan.new(plan.B, dtype=out_dtype)
+    ring, ring_a = plan.rings()
+    ck = checkpoints if checkpoints is not None else (ring, ring_a, out)
+    bp = backpointers if backpointers is not None else (ring, ring, ring)
+    semicrf_forward_kernel[(plan.B,)](
+        *plan.inputs(), out, ring, ring_a, *ck, *bp, *plan.sizes(), LOG=log, SAVE_CKPT=checkpoints is not None,
+        WRITE_BP=backpointers is not None, **plan.meta(plan.warps))
+    return out
+
+
+def partition(call: StreamingCall) -> Tensor:
+    """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
+    No autograd graph."""
+    plan = _plan(call)
+    return _forward(plan, call.semiring == "log", plan.cum.dtype)
+
+
+def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """logZ (B,) in the input dtype and what :func:`backward` needs: ``(logZ float64 (B,), ring checkpoints
+    (B, T//S+1, K+1, C) float64, a-value checkpoints (same shape, 3-D transitions only, else (1,)), offsets
+    (B, T//S+1) float64)``, the ring saved after steps 0, S, 2S, ..."""
+    plan = _plan(call, "log")
+    shape = (plan.B, plan.NCK, plan.KR, plan.C)
+    ck_ring = plan.new(*shape, dtype=torch.float64)
+    ck_ring_a = plan.new(*shape, dtype=plan.cum.dtype) if plan.trans_3d else plan.new(1, dtype=plan.cum.dtype)
+    ck_offset = plan.new(plan.B, plan.NCK, dtype=torch.float64)
+    logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, ck_offset))
+    return logZ.to(plan.cum.dtype), (logZ, ck_ring, ck_ring_a, ck_offset)
+
+
+def _pad_rows(x: Tensor, rows: int) -> Tensor:
+    """``x`` with zero rows appended up to ``rows`` (gradients of durations longer than T)."""
+    return torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))]) if rows > x.shape[0] else x
+
+
+def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
+    """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
+    None for an absent projection, in the input dtype. Uses the float64 logZ in ``saved`` (the input-dtype
+    ``logZ`` is not precise enough for the marginals at large T)."""
+    plan = _plan(call, "log")
+    dtype, device = plan.cum.dtype, plan.cum.device
+    grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=device)
+    validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
+    if not (isinstance(saved, tuple) and len(saved) == 4):
+        raise TypeError("saved must be the 4-tuple returned by forward_checkpointed")
+    logZ64, ck_ring, ck_ring_a, ck_offset = saved
+    validate.shape("saved checkpoints", ck_ring, (plan.B, plan.NCK, plan.KR, plan.C), "(B, T//S+1, K+1, C)")
+    grad_logZ = grad_logZ.to(dtype).contiguous()
+
+    ring, ring_a = plan.rings()
+    g_cum = plan.new(plan.B, plan.T + 1, plan.C, dtype=dtype, zero=True)
+    g_ps = plan.new(plan.B, plan.T, plan.C, dtype=dtype, zero=True) if plan.ps is not None else None
+    g_pe = plan.new(plan.B, plan.T, plan.C, dtype=dtype, zero=True) if plan.pe is not None else None
+    part_dur = plan.new(plan.B, plan.K, plan.C, dtype=torch.float64, zero=True)
+    trans_shape = (plan.K, plan.C, plan.C) if plan.trans_3d else (plan.C, plan.C)
+    part_trans = plan.new(plan.B, *trans_shape, dtype=torch.float64, zero=True)
+    semicrf_backward_kernel[(plan.B,)](
+        *plan.inputs(), logZ64, grad_logZ, ring, ring_a, ck_ring, ck_ring_a, ck_offset,
+        plan.new(plan.B, plan.S + 1, plan.C, dtype=dtype), plan.new(plan.B, plan.S + 1, dtype=torch.float64),
+        plan.new(plan.B, plan.KR, plan.C, dtype=torch.float64),
+        g_cum, g_cum if g_ps is None else g_ps, g_cum if g_pe is None else g_pe, part_dur, part_trans,
+        *plan.sizes(), **plan.meta(plan.backward_warps))
+
+    g_dur, g_trans = part_dur.sum(0).to(dtype), part_trans.sum(0).to(dtype)  # fixed order: deterministic
+    if plan.trans_3d:
+        g_trans = _pad_rows(g_trans, plan.K_call)
+    return g_cum, g_trans, _pad_rows(g_dur, plan.K_call), g_ps, g_pe
+
+
+def viterbi(call: StreamingCall) -> ViterbiPath:
+    """The best segmentation per sequence: max recursion writing backpointers, then a backtracking kernel. Ties:
+    the shorter duration, then the smaller previous label (and the smaller final label)."""
+    plan = _plan(call)
+    bp_dur = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
+    bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
+    last_label = plan.new(plan.B, dtype=torch.int32)
+    scores = _forward(plan, False, plan.cum.dtype, backpointers=(bp_dur, bp_prev, last_label))
+    durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
+    labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
+    semicrf_backtrack_kernel[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
+                                       plan.C, PREV_BY_START=not plan.trans_3d, num_warps=1)
+    return ViterbiPath(scores, durations, labels)
