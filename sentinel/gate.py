@@ -24,7 +24,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -34,6 +33,7 @@ from rich.table import Table
 
 from sentinel import console, records, registry, trace
 from sentinel.family import REPO_ROOT, Family
+from sentinel.report import JUnitCase, junit_tree, save_junit
 
 GLOBAL_INPUTS = ("sentinel/", "pyproject.toml")
 RECORD_HINT = "run `sentinel verify --device cuda --record` on a GPU, then `sentinel trace`, and commit both"
@@ -219,18 +219,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def write_junit(path: str, steps: Sequence[Step]) -> None:
-    """One ``testcase`` per step (``classname`` gate.<family>, ``name`` the step); a failure carries the detail."""
-    failures = str(sum(not s.passed for s in steps))
-    suites = ET.Element("testsuites", name="sentinel", tests=str(len(steps)), failures=failures)
-    suite = ET.SubElement(suites, "testsuite", name="sentinel gate", tests=str(len(steps)), failures=failures,
-                          errors="0", skipped="0")
-    for step in steps:
-        case = ET.SubElement(suite, "testcase", classname=f"gate.{step.family}", name=step.name)
-        if step.passed:
-            ET.SubElement(case, "system-out").text = step.detail
-        else:
-            ET.SubElement(case, "failure", message=step.headline).text = step.detail
-    ET.ElementTree(suites).write(path, encoding="unicode", xml_declaration=True)
+    """One ``testcase`` per step (``classname`` gate.<family>, ``name`` the step)."""
+    cases = [JUnitCase(f"gate.{s.family}", s.name, s.passed, s.headline, s.detail) for s in steps]
+    save_junit(path, junit_tree("sentinel gate", cases))
 
 
 def print_summary(base: Optional[str], changed: Sequence[str], reasons: dict[str, list[str]],

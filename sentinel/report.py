@@ -9,6 +9,7 @@ and check (``classname`` = route id, ``name`` = check), and one failing ``testca
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -108,30 +109,48 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 PROBLEMS_CLASS = "sentinel.problems"
 
 
-def junit_xml(results: Sequence[RouteResult], problems: Sequence[str] = ()) -> ET.ElementTree:
-    """One ``testcase`` per (route, check); a failing check carries a ``failure`` with its detail and repro. Each
-    of ``problems`` (broken declarations, e.g. a missing invariant test) is one more failing ``testcase``."""
-    cases = [(r, c) for r in results for c in r.checks]
-    tests = len(cases) + len(problems)
-    failures = sum(not c.passed for _, c in cases) + len(problems)
-    suites = ET.Element("testsuites", name="sentinel", tests=str(tests), failures=str(failures))
-    suite = ET.SubElement(suites, "testsuite", name="sentinel verify", tests=str(tests),
-                          failures=str(failures), errors="0", skipped="0")
-    for r, c in cases:
-        case = ET.SubElement(suite, "testcase", classname=r.id, name=c.name)
-        if not c.passed:
-            failure = ET.SubElement(case, "failure", message=c.detail[:500])
-            failure.text = f"{c.detail}\nreproduce: {c.repro}"
+@dataclass(frozen=True)
+class JUnitCase:
+    """One JUnit ``testcase``: a failure carries ``message`` (first 500 characters) and ``text``; a pass, ``text``
+    as its output."""
+
+    classname: str
+    name: str
+    passed: bool
+    message: str
+    text: str
+
+
+def junit_tree(suite_name: str, cases: Sequence[JUnitCase]) -> ET.ElementTree:
+    """A ``testsuites`` document holding one suite of ``cases`` (shared by verify and gate)."""
+    failures = str(sum(not c.passed for c in cases))
+    suites = ET.Element("testsuites", name="sentinel", tests=str(len(cases)), failures=failures)
+    suite = ET.SubElement(suites, "testsuite", name=suite_name, tests=str(len(cases)), failures=failures,
+                          errors="0", skipped="0")
+    for c in cases:
+        case = ET.SubElement(suite, "testcase", classname=c.classname, name=c.name)
+        if c.passed:
+            ET.SubElement(case, "system-out").text = c.text
         else:
-            ET.SubElement(case, "system-out").text = c.detail
-    for problem in problems:
-        case = ET.SubElement(suite, "testcase", classname=PROBLEMS_CLASS, name=problem)
-        ET.SubElement(case, "failure", message=problem[:500]).text = problem
+            ET.SubElement(case, "failure", message=c.message[:500]).text = c.text
+    ET.indent(suites)
     return ET.ElementTree(suites)
 
 
-def write_junit(path: Path, results: Sequence[RouteResult], problems: Sequence[str] = ()) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tree = junit_xml(results, problems)
-    ET.indent(tree)
+def save_junit(path: Path, tree: ET.ElementTree) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+def junit_xml(results: Sequence[RouteResult], problems: Sequence[str] = ()) -> ET.ElementTree:
+    """One ``testcase`` per (route, check); a failing check carries its detail and repro. Each of ``problems``
+    (broken declarations, e.g. a missing invariant test) is one more failing ``testcase``."""
+    cases = [JUnitCase(r.id, c.name, c.passed, c.detail,
+                       c.detail if c.passed else f"{c.detail}\nreproduce: {c.repro}")
+             for r in results for c in r.checks]
+    cases += [JUnitCase(PROBLEMS_CLASS, p, False, p, p) for p in problems]
+    return junit_tree("sentinel verify", cases)
+
+
+def write_junit(path: Path, results: Sequence[RouteResult], problems: Sequence[str] = ()) -> None:
+    save_junit(path, junit_xml(results, problems))

@@ -1,94 +1,38 @@
 """The Triton semi-CRF routes (``use_triton=True``) against independent references.
 
-References: the brute-force oracle (sentinel/oracles/semicrf.py), a differentiable brute force written here (every
-segmentation scored with torch ops in float64, then logsumexp / max, differentiated by autograd) and, for a length
-with several checkpoint intervals, the PyTorch reference route in float64.
+References: the brute-force oracle and its differentiable brute force (sentinel/oracles/semicrf.py, through the shared
+``SemiCRFCase`` of tests/conftest.py) and, for a length with several checkpoint intervals, the PyTorch reference
+route in float64.
 
-Without a GPU the kernels run on CPU tensors under the Triton interpreter, switched on here before any kernel module
-is imported (as tests/conftest.py does); with a GPU they run on it. The interpreter is slow (~50 ms a step), so
-shapes stay tiny.
+Without a GPU the kernels run on CPU tensors under the Triton interpreter (switched on by tests/conftest.py, imported
+first); with a GPU they run on it. The interpreter is slow (~50 ms a step), so shapes stay tiny.
 """
 from __future__ import annotations
 
-import os
+import math
+from dataclasses import replace
+from typing import Optional
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import math  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
-from typing import Optional  # noqa: E402
-
-import pytest  # noqa: E402
-
-from kernels.dispatch import recording  # noqa: E402
-from kernels.semicrf import triton_ops  # noqa: E402
-from kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward, semi_crf_viterbi  # noqa: E402
-from kernels.semicrf.structures import path_segments  # noqa: E402
-from sentinel.oracles import semicrf as oracle  # noqa: E402
+from conftest import SEMICRF_TENSORS as NAMES
+from conftest import SemiCRFCase as Case
+from conftest import semicrf_case
+from kernels.dispatch import recording
+from kernels.semicrf import triton_ops
+from kernels.semicrf.dispatch import make_call
+from sentinel.oracles import semicrf as oracle
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # interpreter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F64 = torch.float64
-NAMES = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
 
 
-@dataclass
-class Case:
-    cum_scores: torch.Tensor
-    transition: torch.Tensor
-    duration_bias: torch.Tensor
-    proj_start: Optional[torch.Tensor]
-    proj_end: Optional[torch.Tensor]
-    lengths: torch.Tensor
-    K: int
-
-    @property
-    def tensors(self) -> list[Optional[torch.Tensor]]:
-        return [getattr(self, name) for name in NAMES]
-
-    def with_tensors(self, tensors) -> "Case":
-        return Case(*tensors, self.lengths, self.K)
-
-    def to(self, dtype=None, device=None) -> "Case":
-        return self.with_tensors([None if t is None else t.detach().to(device=device or t.device,
-                                                                          dtype=dtype or t.dtype)
-                                  for t in self.tensors])
-
-    def leaves(self) -> "Case":
-        return self.with_tensors([None if t is None else t.detach().clone().requires_grad_() for t in self.tensors])
-
-    def on_device(self) -> "Case":
-        case = self.to(device=DEVICE)
-        return replace(case, lengths=self.lengths.to(DEVICE))
-
-    def forward(self, semiring="log") -> torch.Tensor:
-        return semi_crf_streaming_forward(self.cum_scores, self.transition, self.duration_bias, self.lengths, self.K,
-                                          semiring, self.proj_start, self.proj_end, use_triton=True)
-
-    def viterbi(self):
-        return semi_crf_viterbi(self.cum_scores, self.transition, self.duration_bias, self.lengths, self.K,
-                                self.proj_start, self.proj_end, use_triton=True)
-
-
-def make_case(B=2, T=5, K=2, C=2, *, dtype=F64, trans3d=False, proj_start=False, proj_end=False, variable=False,
-              integers=False, seed=0) -> Case:
-    """Random inputs on the CPU (integers: small integer scores, so that ties are exact)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def draw(*shape):
-        if integers:
-            return torch.randint(-2, 3, shape, generator=g).to(dtype)
-        return torch.randn(*shape, generator=g, dtype=F64).to(dtype)
-
-    cum = torch.cat([torch.zeros(B, 1, C, dtype=dtype), draw(B, T, C).cumsum(1)], 1)
-    lengths = torch.randint(1, T + 1, (B,), generator=g) if variable else torch.full((B,), T)
-    lengths[0] = T
-    return Case(cum, draw(K, C, C) if trans3d else draw(C, C), draw(K, C), draw(B, T, C) if proj_start else None,
-                draw(B, T, C) if proj_end else None, lengths, K)
+def make_case(**kwargs) -> Case:
+    """``semicrf_case`` whose route calls ask for the Triton backend."""
+    return semicrf_case(use_triton=True, **kwargs)
 
 
 CASES = {
@@ -101,34 +45,6 @@ CASES = {
 
 
 # ------------------------------------------------------------------------------------- independent references
-
-
-def brute_force(case: Case, semiring: str = "log") -> torch.Tensor:
-    """⊕ over every segmentation of each sequence, scores built with torch ops (differentiable), float64."""
-    cum, trans, dur, ps, pe = case.tensors
-    C = cum.shape[2]
-    out = []
-    for b in range(cum.shape[0]):
-        segs = oracle.segmentations(int(case.lengths[b]), case.K, C)
-        rows = [(i, s, d, c, prev) for i, y in enumerate(segs)
-                for (s, d, c), prev in zip(y, (-1,) + tuple(c for _, _, c in y[:-1]))]
-        i, s, d, c, prev = (torch.tensor(col, device=cum.device) for col in zip(*rows))
-        score = cum[b, s + d, c] - cum[b, s, c] + dur[d - 1, c]
-        if ps is not None:
-            score = score + ps[b, s, c]
-        if pe is not None:
-            score = score + pe[b, s + d - 1, c]
-        paid = trans[d - 1, prev.clamp(min=0), c] if trans.dim() == 3 else trans[prev.clamp(min=0), c]
-        score = score + torch.where(prev >= 0, paid, torch.zeros_like(paid))
-        totals = torch.zeros(len(segs), dtype=score.dtype, device=score.device).index_add(0, i, score)
-        out.append(torch.logsumexp(totals, 0) if semiring == "log" else totals.max())
-    return torch.stack(out)
-
-
-def oracle_scored(case: Case):
-    return oracle.all_scores(*[None if t is None else t.detach().cpu() for t in case.tensors[:3]],
-                             case.lengths.cpu(), case.K,
-                             *[None if t is None else t.detach().cpu() for t in case.tensors[3:]])
 
 
 def expected_path(items) -> tuple:
@@ -162,8 +78,8 @@ def routes(fn):
 
 @pytest.mark.parametrize("name", CASES)
 def test_partition_log_and_max_against_oracle(name):
-    case = make_case(**CASES[name]).on_device()
-    scored = oracle_scored(case)
+    case = make_case(**CASES[name]).to(device=DEVICE)
+    scored = case.oracle_scores()
     logz, taken = routes(lambda: case.forward("log"))
     assert taken == ["semicrf.triton.log.infer"]
     assert logz.dtype == F64 and logz.device.type == DEVICE.type
@@ -175,13 +91,13 @@ def test_partition_log_and_max_against_oracle(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_log_gradients_against_brute_force(name):
-    case = make_case(**CASES[name]).on_device().leaves()
+    case = make_case(**CASES[name]).to(device=DEVICE).leaves()
     weight = torch.linspace(0.5, 1.5, case.lengths.numel(), dtype=F64, device=DEVICE)
     value, taken = routes(lambda: case.forward("log"))
     assert taken == ["semicrf.triton.log.train"]
     got = grads((value * weight).sum(), case)
     ref_case = case.to().leaves()
-    want = grads((brute_force(ref_case) * weight).sum(), ref_case)
+    want = grads((ref_case.brute_force() * weight).sum(), ref_case)
     for name_, g, w in zip(NAMES, got, want):
         assert (g is None) == (w is None), name_
         if g is not None:
@@ -190,13 +106,13 @@ def test_log_gradients_against_brute_force(name):
 
 
 def test_float32_inputs_give_float32_outputs_close_to_float64():
-    case64 = make_case(B=2, T=6, K=3, C=2, proj_start=True, proj_end=True, variable=True, seed=3).on_device()
+    case64 = make_case(B=2, T=6, K=3, C=2, proj_start=True, proj_end=True, variable=True, seed=3).to(device=DEVICE)
     case32 = case64.to(torch.float32).leaves()
     value = case32.forward("log")
     assert value.dtype == torch.float32
     got = grads(value.sum(), case32)
     ref = case64.leaves()
-    want_value = brute_force(ref)
+    want_value = ref.brute_force()
     want = grads(want_value.sum(), ref)
     assert_close(value, want_value.detach(), 1e-5, "logZ float32")
     for name_, g, w in zip(NAMES, got, want):
@@ -216,24 +132,25 @@ def tied(case: Case) -> Case:
 
 def assert_decodes_by_tie_rule(case: Case) -> None:
     result = case.viterbi()
-    for b, items in enumerate(oracle_scored(case)):
+    for b, items in enumerate(case.oracle_scores()):
         assert tuple((seg.start, seg.duration, seg.label) for seg in result.segments[b]) == expected_path(items)
         assert float(result.scores[b]) == max(score for _, score in items)
 
 
 @pytest.mark.parametrize("trans3d", [False, True])
 def test_viterbi_tie_rule_when_everything_ties(trans3d):
-    assert_decodes_by_tie_rule(tied(make_case(B=2, T=5, K=3, C=3, trans3d=trans3d, variable=True)).on_device())
+    case = make_case(B=2, T=5, K=3, C=3, trans3d=trans3d, variable=True)
+    assert_decodes_by_tie_rule(tied(case).to(device=DEVICE))
 
 
 def test_viterbi_against_oracle_with_ties():
     """Integer scores make many exact ties: the decoded path must follow the stated tie rule."""
     for kwargs in (dict(B=3, T=6, K=3, C=2, variable=True, proj_end=True),
                    dict(B=2, T=5, K=2, C=3, trans3d=True, proj_start=True, variable=True)):
-        case = make_case(integers=True, seed=1, **kwargs).on_device()
+        case = make_case(integers=True, seed=1, **kwargs).to(device=DEVICE)
         result, taken = routes(case.viterbi)
         assert taken == ["semicrf.triton.viterbi"]
-        for b, items in enumerate(oracle_scored(case)):
+        for b, items in enumerate(case.oracle_scores()):
             want = expected_path(items)
             assert tuple((seg.start, seg.duration, seg.label) for seg in result.segments[b]) == want
             assert float(result.scores[b]) == max(score for _, score in items)
@@ -242,11 +159,11 @@ def test_viterbi_against_oracle_with_ties():
 
 def test_max_train_gradient_is_the_best_path_indicator():
     case = make_case(B=2, T=5, K=2, C=2, trans3d=True, proj_start=True, proj_end=True, variable=True,
-                     seed=5).on_device().leaves()
+                     seed=5).to(device=DEVICE).leaves()
     value, taken = routes(lambda: case.forward("max"))
     assert taken == ["semicrf.triton.max.train"]
     ref = case.to().leaves()
-    want_value = brute_force(ref, "max")
+    want_value = ref.brute_force("max")
     assert_close(value.detach(), want_value.detach(), 1e-10, "max value")
     for name_, g, w in zip(NAMES, grads(value.sum(), case), grads(want_value.sum(), ref)):
         assert_close(g, w, 1e-12, f"max grad {name_}")
@@ -261,17 +178,17 @@ def test_multi_chunk_durations(monkeypatch):
                    dict(B=1, T=4, K=4, C=2, trans3d=True, proj_end=True)):
         K = min(kwargs["K"], kwargs["T"])
         assert triton_ops.config(K, kwargs["C"], kwargs.get("trans3d", False))[0] < K
-        case = make_case(**kwargs).on_device().leaves()
+        case = make_case(**kwargs).to(device=DEVICE).leaves()
         value = case.forward("log")
         ref = case.to().leaves()
-        want_value = brute_force(ref)
+        want_value = ref.brute_force()
         assert_close(value.detach(), want_value.detach(), 1e-10, "logZ")
         for name_, g, w in zip(NAMES, grads(value.sum(), case), grads(want_value.sum(), ref)):
             assert (g is None) == (w is None)
             if g is not None:
                 assert_close(g, w, 1e-10, f"grad {name_}")
-        assert_decodes_by_tie_rule(make_case(integers=True, seed=2, **kwargs).on_device())
-        assert_decodes_by_tie_rule(tied(make_case(**kwargs)).on_device())
+        assert_decodes_by_tie_rule(make_case(integers=True, seed=2, **kwargs).to(device=DEVICE))
+        assert_decodes_by_tie_rule(tied(make_case(**kwargs)).to(device=DEVICE))
 
 
 def test_minus_inf_transitions():
@@ -280,11 +197,11 @@ def test_minus_inf_transitions():
     case.transition[:, 0, 1] = float("-inf")
     case.transition[1, 2, :] = float("-inf")
     case.duration_bias[2, 0] = float("-inf")
-    case = case.on_device().leaves()
+    case = case.to(device=DEVICE).leaves()
     value = case.forward("log")
     assert torch.isfinite(value).all()
     ref = case.to().leaves()
-    want_value = brute_force(ref)
+    want_value = ref.brute_force()
     assert_close(value.detach(), want_value.detach(), 1e-10, "logZ")
     for name_, g, w in zip(NAMES, grads(value.sum(), case), grads(want_value.sum(), ref)):
         if g is not None:
@@ -297,14 +214,14 @@ def test_no_finite_segmentation_gives_minus_inf_and_zero_gradients():
     case = make_case(B=2, T=3, K=1, C=2, proj_end=True, variable=True, seed=6)
     case.lengths[1] = 1
     case.transition.fill_(float("-inf"))
-    case = case.on_device().leaves()
+    case = case.to(device=DEVICE).leaves()
     value = case.forward("log")
     assert value[0] == float("-inf") and torch.isfinite(value[1])
     g_cum, g_trans, g_dur, _, g_pe = grads(value.sum(), case)
     assert (g_cum[0] == 0).all() and (g_pe[0] == 0).all()
     alive = case.with_tensors([None if t is None else t[1:] if t.dim() == 3 else t for t in case.to().tensors])
     alive = replace(alive, lengths=case.lengths[1:].cpu()).leaves()
-    w_cum, w_trans, w_dur, _, w_pe = grads(brute_force(alive).sum(), alive)
+    w_cum, w_trans, w_dur, _, w_pe = grads(alive.brute_force().sum(), alive)
     for name_, g, w in (("cum", g_cum[1:], w_cum), ("trans", g_trans, w_trans), ("dur", g_dur, w_dur),
                         ("pe", g_pe[1:], w_pe)):
         assert_close(g, w, 1e-10, f"grad {name_}")
@@ -312,7 +229,7 @@ def test_no_finite_segmentation_gives_minus_inf_and_zero_gradients():
 
 
 def test_gradients_are_bitwise_deterministic():
-    case = make_case(B=3, T=6, K=3, C=3, proj_start=True, proj_end=True, variable=True, seed=7).on_device()
+    case = make_case(B=3, T=6, K=3, C=3, proj_start=True, proj_end=True, variable=True, seed=7).to(device=DEVICE)
     case = case.to(torch.float32)
     runs = []
     for _ in range(2):
@@ -325,15 +242,13 @@ def test_gradients_are_bitwise_deterministic():
 def test_several_checkpoint_intervals_against_reference_route():
     """T = 12, K = 1: checkpoints every S = 5 steps, three intervals, variable lengths; against the PyTorch route
     in float64 (an independent implementation)."""
-    case = make_case(B=2, T=12, K=1, C=2, proj_start=True, variable=True, seed=8).on_device()
+    case = make_case(B=2, T=12, K=1, C=2, proj_start=True, variable=True, seed=8).to(device=DEVICE)
     assert triton_ops._plan(make_call("partition", *case.tensors[:3], case.lengths, case.K, "log",
                                       *case.tensors[3:], True)).S == 5
     leaves = case.leaves()
     got = grads(leaves.forward("log").sum(), leaves)
-    ref = case.leaves()
-    want_value = semi_crf_streaming_forward(ref.cum_scores, ref.transition, ref.duration_bias, ref.lengths, ref.K,
-                                            "log", ref.proj_start, None, use_triton=False)
-    for name_, g, w in zip(NAMES, got, grads(want_value.sum(), ref)):
+    ref = replace(case, use_triton=False).leaves()
+    for name_, g, w in zip(NAMES, got, grads(ref.forward("log").sum(), ref)):
         if g is not None:
             assert_close(g, w, 1e-10, f"grad {name_}")
 
@@ -341,14 +256,14 @@ def test_several_checkpoint_intervals_against_reference_route():
 def test_non_contiguous_inputs():
     case = make_case(B=2, T=4, K=2, C=2, proj_end=True, seed=9)
     strided = case.with_tensors([None if t is None else t.transpose(-1, -2).contiguous().transpose(-1, -2)
-                                 for t in case.tensors]).on_device()
+                                 for t in case.tensors]).to(device=DEVICE)
     assert not strided.cum_scores.is_contiguous()
-    assert_close(strided.forward("log"), torch.tensor(oracle.log_partition(oracle_scored(case)), dtype=F64), 1e-10,
+    assert_close(strided.forward("log"), torch.tensor(oracle.log_partition(case.oracle_scores()), dtype=F64), 1e-10,
                  "logZ non-contiguous")
 
 
 def test_backend_rejects_bad_arguments():
-    case = make_case(B=2, T=3, K=2, C=2).on_device()
+    case = make_case(B=2, T=3, K=2, C=2).to(device=DEVICE)
     call = make_call("partition", *case.tensors[:3], case.lengths, case.K, "max", None, None, True)
     with pytest.raises(TypeError, match="call"):
         triton_ops.partition({"cum_scores": case.cum_scores})
