@@ -36,6 +36,7 @@ step() {
 
 step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
+# The copy of the tree here has no .git: name the commit it was sent from (SENTINEL_COMMIT=<sha> bash ...).
 step nvidia-smi nvidia-smi
 if [ "$PHASE" = verify ]; then
   step verify timeout "$VERIFY_TIMEOUT" python3 -m sentinel verify --device cuda --record --json "$OUT/verify-cuda.json"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -100,11 +101,12 @@ def git(*args: str) -> str:
 
 
 def head_commit() -> str:
-    """The sha of HEAD, or ``"unknown"`` outside a git checkout."""
+    """The sha of HEAD; outside a git checkout (e.g. a copy of the tree on a GPU machine) the value of
+    ``SENTINEL_COMMIT`` if set, else ``"unknown"``. The record's blob ids, not this, identify the sources."""
     try:
         return git("rev-parse", "HEAD")
     except (RuntimeError, OSError):
-        return "unknown"
+        return os.environ.get("SENTINEL_COMMIT", "unknown")
 
 
 def blob_ids(paths: Sequence[Path]) -> dict[str, str]:
