@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session, in two calls of the device tool (each under its 10-minute limit), `.whl` carried:
 #     bash benchmarks/gpu_session.sh verify   # sentinel verify --device cuda --record, GPU tests, precision check
-#     bash benchmarks/gpu_session.sh bench    # the semi-CRF benchmark against the peers
+#     bash benchmarks/gpu_session.sh bench    # host/launch overhead breakdown, the benchmark against the peers
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
 # duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
 # passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 300, TESTS_TIMEOUT 90,
@@ -45,6 +45,7 @@ if [ "$PHASE" = verify ]; then
   step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \
     --only correctness,precision --budget "$CHECK_BUDGET"
 else
+  step overhead timeout 120 python3 benchmarks/semicrf_overhead.py --out "$OUT/overhead"
   # The benchmark keeps to its budget; the margin covers one slow call begun just before its deadline.
   step benchmark timeout $(( BENCH_BUDGET + 45 )) python3 benchmarks/semicrf.py --device cuda --shapes all \
     --out "$OUT/bench" --budget-s "$BENCH_BUDGET"

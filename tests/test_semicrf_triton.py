@@ -15,6 +15,7 @@ from typing import Optional
 
 import pytest
 import torch
+import triton.language as tl
 
 from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
@@ -76,17 +77,62 @@ def routes(fn):
 # ----------------------------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-10), (torch.float32, 1e-5)])  # float64 / float32 chain
 @pytest.mark.parametrize("name", CASES)
-def test_partition_log_and_max_against_oracle(name):
-    case = make_case(**CASES[name]).to(device=DEVICE)
+def test_partition_log_and_max_against_oracle(name, dtype, tol):
+    case = make_case(**CASES[name]).to(dtype, DEVICE)
     scored = case.oracle_scores()
     logz, taken = routes(lambda: case.forward("log"))
     assert taken == ["semicrf.triton.log.infer"]
-    assert logz.dtype == F64 and logz.device.type == DEVICE.type
-    assert_close(logz, torch.tensor(oracle.log_partition(scored), dtype=F64), 1e-10, "logZ")
+    assert logz.dtype == dtype and logz.device.type == DEVICE.type
+    assert_close(logz, torch.tensor(oracle.log_partition(scored), dtype=F64), tol, "logZ")
     best, taken = routes(lambda: case.forward("max"))
     assert taken == ["semicrf.triton.max.infer"]
-    assert_close(best, torch.tensor([s for _, s in oracle.best(scored)], dtype=F64), 1e-10, "max")
+    assert_close(best, torch.tensor([s for _, s in oracle.best(scored)], dtype=F64), tol, "max")
+
+
+class ChainSpy:
+    """Stands in for the forward kernel and records the chain dtype (``CT``) of every launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.chains = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.chains.append(meta["CT"])
+            return self.kernel[grid](*args, **meta)
+
+        return launch
+
+
+def test_chain_precision_per_route(monkeypatch):
+    """float32 chain only for inference on float32 inputs; training, Viterbi and float64 inputs keep float64."""
+    spy = ChainSpy(triton_ops.semicrf_forward_kernel)
+    monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", spy)
+    case64 = make_case(B=2, T=4, K=2, C=2, variable=True).to(device=DEVICE)
+    case32 = case64.to(torch.float32)
+    runs = {"log.infer f32": lambda: case32.forward("log"), "max.infer f32": lambda: case32.forward("max"),
+            "log.infer f64": lambda: case64.forward("log"), "log.train f32": lambda: case32.leaves().forward("log"),
+            "max.train f32": lambda: case32.leaves().forward("max"), "viterbi f32": case32.viterbi}
+    chains = {}
+    for name, run in runs.items():
+        spy.chains.clear()
+        run()
+        chains[name] = spy.chains[:]
+    assert chains == {"log.infer f32": [tl.float32], "max.infer f32": [tl.float32], "log.infer f64": [tl.float64],
+                      "log.train f32": [tl.float64], "max.train f32": [tl.float64], "viterbi f32": [tl.float64]}
+
+
+def test_float32_chain_logz_matches_float64_reference_at_moderate_length():
+    """T = 300 (100x the other cases): the float32 chain's logZ of float32 inputs within 1e-6 relative of the
+    PyTorch reference route run in float64 on the same (float32-rounded) inputs."""
+    case32 = make_case(B=2, T=300, K=4, C=3, trans3d=True, proj_start=True, proj_end=True, variable=True,
+                       seed=10).to(torch.float32, DEVICE)
+    got, taken = routes(lambda: case32.forward("log"))
+    assert taken == ["semicrf.triton.log.infer"] and got.dtype == torch.float32
+    want = replace(case32.to(F64), use_triton=False).forward("log")
+    rel = ((got.double().cpu() - want.cpu()).abs() / want.abs().cpu()).max().item()
+    assert rel <= 1e-6, f"float32-chain logZ relative error {rel:.3g}"
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -200,6 +246,9 @@ def test_minus_inf_transitions():
     case = case.to(device=DEVICE).leaves()
     value = case.forward("log")
     assert torch.isfinite(value).all()
+    value32 = case.to(torch.float32).forward("log")  # inference: float32 chain
+    assert torch.isfinite(value32).all()
+    assert_close(value32, value.detach(), 1e-5, "logZ float32 chain")
     ref = case.to().leaves()
     want_value = ref.brute_force()
     assert_close(value.detach(), want_value.detach(), 1e-10, "logZ")
@@ -217,6 +266,8 @@ def test_no_finite_segmentation_gives_minus_inf_and_zero_gradients():
     case = case.to(device=DEVICE).leaves()
     value = case.forward("log")
     assert value[0] == float("-inf") and torch.isfinite(value[1])
+    value32 = case.to(torch.float32).forward("log")  # inference: float32 chain
+    assert value32[0] == float("-inf") and torch.isfinite(value32[1])
     g_cum, g_trans, g_dur, _, g_pe = grads(value.sum(), case)
     assert (g_cum[0] == 0).all() and (g_pe[0] == 0).all()
     alive = case.with_tensors([None if t is None else t[1:] if t.dim() == 3 else t for t in case.to().tensors])

@@ -13,12 +13,16 @@ Precision scheme (the same in every kernel of this family):
 - a ring of the last K+1 positions in a small per-sequence float64 scratch (L1/L2 resident) holding the *entry*
   ``U[s, c] = A[s] + in(s)[c] + ps[s, c] - cum[s, c]`` (2-D transitions; in(s) computed once per s) or
   ``U[s, c] = A[s] + ps[s, c] - cum[s, c]`` plus ``a[s, ·]`` in a second ring (3-D transitions);
-- every ⊕ along a recursion runs in float64: the terms ``U[s, c] - (A[t-1] - cum[t, c] - pe[t-1, c]) + dur`` and
-  their logsumexp (max, exp, sum, log: libdevice, not the float32 hardware approximations). float32 rounding
-  errors would add up as a random walk over the T dependent steps (measured: ~1.4e-4 norm-wise on the
-  gradients at T = 1e5 with float32 logsumexps); in float64 nothing measurable accumulates. Exceptions, both
-  O(1)-valued: the 3-D transition's per-duration reduction in(s, d) over c' (a (DB, C, C) tile per chunk) runs in
-  the input dtype, and so do the backward's marginals (outputs, never fed back).
+- the ⊕ along the chain (max, exp, sum, log of the terms ``U[s, c] - (A[t-1] - cum[t, c] - pe[t-1, c]) + dur``,
+  the difference formed in float64 and then cast) runs in the *chain dtype* ``CT``, a constexpr:
+  - float64 (libdevice exp/log) for training (``forward_checkpointed`` and the backward's recompute), Viterbi and
+    every float64 input: float32 rounding errors add up as a random walk over the T dependent steps (measured:
+    ~1.4e-4 norm-wise on the gradients at T = 1e5 with a float32 chain, ~2e-7 with a float64 one);
+  - float32 (hardware exp/log) for the inference route with float32 inputs (``triton_ops.partition``): logZ
+    stays accurate because the offsets A[t] and the ring entries are float64 (measured at T = 1e5: logZ relative
+    error 5.3e-8, i.e. its float32 output rounding; benchmarks/NOTES-semicrf.md, run 1).
+  Exceptions, both O(1)-valued: the 3-D transition's per-duration reduction in(s, d) over c' (a (DB, C, C) tile per
+  chunk) runs in the input dtype, and so do the backward's marginals (outputs, never fed back).
 
 The ring is read in duration order (row d-1 holds s = t-d), so duration-indexed data (dur, trans(d)) and the
 backward's per-duration accumulators stay aligned; the new entry is stored and made visible with one
@@ -123,17 +127,17 @@ def ring_rows(step, d, kmax, KR, cols, cmask):
 
 @triton.jit
 def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur_k, trans_k, cols, cmask,
-                  LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr):
-    """The terms in(t-d, d) + seg(t-d, d) - A[t-1] (float64) for a chunk of durations d (DB,), reduced over d per
-    label: LOG: (max, sum exp(term - max), -, -); max: (max, -, best d, best previous label (3-D, WRITE_BP))."""
+                  LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, CT: tl.constexpr):
+    """The terms in(t-d, d) + seg(t-d, d) - A[t-1] (chain dtype CT) for a chunk of durations d (DB,), reduced over d
+    per label: LOG: (max, sum exp(term - max), -, -); max: (max, -, best d, best previous label (3-D, WRITE_BP))."""
     s = t - d
     slot, ok = ring_rows(s, d, kmax, KR, cols, cmask)
     entry = tl.load(ring + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
-    term = entry - q[None, :] + dur_k.to(tl.float64)
+    term = (entry - q[None, :]).to(CT) + dur_k.to(CT)
     if TRANS_3D:
         a = tl.load(ring_a + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
         paths = a[:, :, None] + trans_k  # (DB, CP', CP), relative to A[s]
-        term += tl.where((s == 0)[:, None], 0.0, _reduce(paths, 1, LOG)).to(tl.float64)
+        term += tl.where((s == 0)[:, None], 0.0, _reduce(paths, 1, LOG)).to(CT)
     term = tl.where(ok, term, float("-inf"))
     if LOG:
         top, total = _lse_parts(term, 0)
@@ -153,13 +157,13 @@ def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur_k, trans_k, cols, cmas
 @triton.jit
 def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, cmask,
             LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, DB: tl.constexpr,
-            NCHUNK: tl.constexpr):
-    """alpha[t] - A[t-1] (CP,) float64 from the ring, ``q = A[t-1] - cum[t] - pe[t-1]`` (float64); chunk 0 from
-    the register constants, further chunks loaded. With WRITE_BP also the best duration (shortest among ties) and,
+            NCHUNK: tl.constexpr, CT: tl.constexpr):
+    """alpha[t] - A[t-1] (CP,) in the chain dtype CT from the ring, ``q = A[t-1] - cum[t] - pe[t-1]`` (float64);
+    chunk 0 from the register constants, further chunks loaded. With WRITE_BP also the best duration (shortest among ties) and,
     for 3-D transitions, the best previous label (smallest among ties) per label."""
     d = 1 + tl.arange(0, DB)
     top, total, best_d, best_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur0, trans0, cols, cmask,
-                                                  LOG, TRANS_3D, WRITE_BP)
+                                                  LOG, TRANS_3D, WRITE_BP, CT)
     for k in range(1, NCHUNK):
         d = k * DB + 1 + tl.arange(0, DB)
         if TRANS_3D:
@@ -168,7 +172,7 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, 
             trans_k = trans0
         c_top, c_total, c_d, c_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a,
                                                     dur_chunk(dur, d, K, C, cols, cmask), trans_k, cols, cmask,
-                                                    LOG, TRANS_3D, WRITE_BP)
+                                                    LOG, TRANS_3D, WRITE_BP, CT)
         if LOG:
             top, total = _lse_merge(top, total, c_top, c_total)
         else:
@@ -185,9 +189,10 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, 
 
 @triton.jit
 def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, cols, cmask,
-             LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, FT: tl.constexpr):
-    """From ``value = alpha[t] - A[t-1]`` (float64): the new offset A[t] = max_c alpha[t, c] and
-    a[t] = alpha[t] - A[t] (both float64); pushes the ring entry of t (2-D: with in(t) = ⊕_c' alpha[t, c'] + trans[c', c]
+             LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, FT: tl.constexpr,
+             CT: tl.constexpr):
+    """From ``value = alpha[t] - A[t-1]`` (chain dtype CT): the new offset A[t] = max_c alpha[t, c] (float64) and
+    a[t] = alpha[t] - A[t] (CT); pushes the ring entry of t (2-D: with in(t) = ⊕_c' alpha[t, c'] + trans[c', c]
     and, with WRITE_BP, its best previous label per c, smallest among ties, at ``bp_prev[t]``) and makes it
     visible to the whole program."""
     shift = _safe(tl.max(value, 0))
@@ -198,7 +203,7 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
         entry = A + ps_t - cum_t
         tl.store(ring_a + slot * C + cols, a.to(FT), mask=cmask)
     else:
-        paths = a[:, None] + trans0.to(tl.float64)  # (CP', CP)
+        paths = a[:, None] + trans0.to(CT)  # (CP', CP)
         entry = A + _reduce(paths, 0, LOG) + ps_t - cum_t
         if WRITE_BP:
             tl.store(bp_prev + t * C + cols, tl.argmax(paths, 0, tie_break_left=True).to(tl.int32), mask=cmask)
@@ -210,18 +215,18 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
 @triton.jit
 def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur, bp_prev,
                cols, cmask, LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr,
-               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr):
-    """One step of the recursion: (A[t], a[t]) (float64) from A[t-1] = ``R`` and the ring; pushes the entry of
-    t."""
+               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr, CT: tl.constexpr = tl.float64):
+    """One step of the recursion: (A[t] float64, a[t] in the chain dtype CT) from A[t-1] = ``R`` and the ring;
+    pushes the entry of t. The backward recomputes with the default float64 chain."""
     q = R - cum_t - pe_t
     value, best_d, best_prev = _inside(t, q, tl.minimum(K, t), K, KR, C, ring, ring_a, trans, dur, dur0, trans0,
-                                       cols, cmask, LOG, TRANS_3D, WRITE_BP, DB, NCHUNK)
+                                       cols, cmask, LOG, TRANS_3D, WRITE_BP, DB, NCHUNK, CT)
     if WRITE_BP:
         tl.store(bp_dur + t * C + cols, best_d, mask=cmask)
         if TRANS_3D:
             tl.store(bp_prev + t * C + cols, best_prev, mask=cmask)
     return _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, cols, cmask,
-                    LOG, TRANS_3D, WRITE_BP, FT)
+                    LOG, TRANS_3D, WRITE_BP, FT, CT)
 
 
 @triton.jit
@@ -245,9 +250,10 @@ def semicrf_forward_kernel(
     T, K, KR, S, NCK, C,  # K = min(K, T), KR = K + 1
     LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     SAVE_CKPT: tl.constexpr, WRITE_BP: tl.constexpr,
-    FT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+    FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
-    """One program per sequence: the forward recursion over t = 1..L_b (see the module docstring)."""
+    """One program per sequence: the forward recursion over t = 1..L_b (see the module docstring); ``CT`` is the
+    chain dtype (float64, or float32 on the inference route with float32 inputs)."""
     b = tl.program_id(0).to(tl.int64)
     L = tl.load(lengths + b).to(tl.int32)
     cum += b * (T + 1) * C
@@ -274,12 +280,12 @@ def semicrf_forward_kernel(
             copy_block(ring_a, ck_ring_a + b * NCK * KR * C, KR * C, DB * CP)
         tl.store(ck_offset + b * NCK, R)
 
-    a = tl.zeros((CP,), tl.float64)
+    a = tl.zeros((CP,), CT)
     cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
     for t in range(1, L + 1):
         cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)  # prefetch
         R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur,
-                          bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK)
+                          bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK, CT)
         if SAVE_CKPT:
             if t % S == 0:
                 k = t // S

@@ -7,14 +7,20 @@ last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longe
 capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional proj_start / proj_end, variable
 lengths, float32 or float64 inputs; outputs in the input dtype.
 
-Precision (float32 inputs): the recursions carry float64 offsets and run every logsumexp along the chain of T
-dependent steps in float64 (see :mod:`kernels.semicrf.triton_forward`); float32 is left where errors cannot
-accumulate (O(1) marginals, sums within one checkpoint interval). Requirement: at T = 100,000, logZ within 1e-6
-relative of a float64 computation and gradients within 1e-4 norm-wise relative. Measured
-(benchmarks/NOTES-semicrf.md): logZ at the float32 output rounding (5e-8); with float32 logsumexps the gradients
-were 1.4e-4 off at T = 1e5 (an error random walk along the chain), with float64 ones the interpreter shows
-~1e-7 flat in T. 3-D transitions keep the per-duration reduction over the previous label in the input dtype
-(O(1) values, ~1e-7 per step). float64 inputs run in float64 throughout.
+Precision per route (float32 inputs; see :mod:`kernels.semicrf.triton_forward`). Every route carries float64
+offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T dependent steps runs in
+
+- float32 for inference (``partition``: the ``log.infer`` / ``max.infer`` routes): logZ relative error 5.3e-8 at
+  T = 1e5 measured on an H200 (benchmarks/NOTES-semicrf.md, run 1), i.e. its float32 output rounding; ~2.5x
+  faster per step than a float64 chain on short shapes (run 1 vs run 3);
+- float64 for training (``forward_checkpointed`` / ``backward``) and Viterbi: gradients were 1.4e-4 off at T = 1e5
+  with a float32 chain (an error random walk), ~2e-7 with the float64 one (run 3); Viterbi's max chain and
+  backpointers stay exactly those of the float64 recursion.
+
+float32 is left where errors cannot accumulate (O(1) marginals, sums within one checkpoint interval; 3-D
+transitions' per-duration reduction over the previous label). Requirement: at T = 100,000, logZ within 1e-6
+relative of a float64 computation and gradients within 1e-4 norm-wise relative. float64 inputs run in float64
+throughout.
 
 Guards: -inf transitions / duration biases never give NaN (every logsumexp shift is guarded); a sequence with no
 segmentation of finite score gets logZ = -inf and zero gradients; its Viterbi score is -inf with some valid
@@ -34,6 +40,7 @@ host in a fixed order, so repeated runs give bitwise-identical gradients.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -58,10 +65,15 @@ TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transi
 def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
     """(DB, forward warps, backward warps) for capped K and C labels: durations per chunk, then warps from the
     chunk's tile size e (measured on an H200, benchmarks/NOTES-semicrf.md): forward e/128 in [2, 8], backward
-    (more independent work per step) e/64 in [4, 8]."""
+    (more independent work per step) e/64 in [4, 8]. Memoised (host overhead per call)."""
+    return _config(K, C, trans_3d, TILE_2D, TILE_3D)
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(K: int, C: int, trans_3d: bool, tile_2d: int, tile_3d: int) -> tuple[int, int, int]:
     CP = triton.next_power_of_2(C)
     per_duration = CP * CP if trans_3d else CP
-    DB = min(triton.next_power_of_2(K), max(1, (TILE_3D if trans_3d else TILE_2D) // per_duration))
+    DB = min(triton.next_power_of_2(K), max(1, (tile_3d if trans_3d else tile_2d) // per_duration))
     tile = DB * per_duration
     return DB, min(8, max(2, tile // 128)), min(8, max(4, tile // 64))
 
@@ -107,9 +119,8 @@ class _Plan:
         return (self.T, self.K, self.KR, self.S, self.NCK, self.C)
 
     def meta(self, warps: int) -> dict:
-        CP = triton.next_power_of_2(self.C)
-        return dict(TRANS_3D=self.trans_3d, HAS_PS=self.ps is not None, HAS_PE=self.pe is not None, FT=self.FT,
-                    CP=CP, DB=self.DB, NCHUNK=triton.cdiv(self.K, self.DB), num_warps=warps, num_stages=1)
+        """Compile-time arguments shared by the kernels (a memoised dict: do not modify)."""
+        return _meta(self.C, self.K, self.DB, self.trans_3d, self.ps is not None, self.pe is not None, self.FT, warps)
 
     def inputs(self) -> tuple[Tensor, ...]:
         return (self.cum, self.trans, self.dur, self.cum if self.ps is None else self.ps,
@@ -119,6 +130,16 @@ class _Plan:
         """Scratch rings (B, KR, C): float64 entries, a-values (3-D transitions only)."""
         ring_a = self.new(self.B, self.KR, self.C, dtype=self.cum.dtype) if self.trans_3d else self.cum
         return self.new(self.B, self.KR, self.C, dtype=torch.float64), ring_a
+
+
+@functools.lru_cache(maxsize=1024)
+def _meta(C: int, K: int, DB: int, trans_3d: bool, has_ps: bool, has_pe: bool, FT, warps: int) -> dict:
+    return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=FT, CP=triton.next_power_of_2(C), DB=DB,
+                NCHUNK=triton.cdiv(K, DB), num_warps=warps, num_stages=1)
+
+
+def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
+    return None if x is None else x.contiguous()
 
 
 def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
@@ -134,33 +155,35 @@ def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
     K = min(call.K, T)
     trans_3d = call.transition.dim() == 3
     DB, warps, backward_warps = config(K, C, trans_3d)
-    contiguous = lambda x: None if x is None else x.detach().contiguous()  # noqa: E731
+    capped = K < call.K  # durations beyond T never occur: drop their rows (a view only when needed)
+    trans, dur = call.transition, call.duration_bias
     return _Plan(
-        cum=contiguous(call.cum_scores), trans=contiguous(call.transition[:K] if trans_3d else call.transition),
-        dur=contiguous(call.duration_bias[:K]), ps=contiguous(call.proj_start), pe=contiguous(call.proj_end),
-        lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_call=call.K,
+        cum=call.cum_scores.contiguous(), trans=(trans[:K] if capped and trans_3d else trans).contiguous(),
+        dur=(dur[:K] if capped else dur).contiguous(), ps=_contiguous(call.proj_start),
+        pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_call=call.K,
         S=max(1, math.isqrt(T * (K + 1) - 1) + 1), DB=DB, warps=warps, backward_warps=backward_warps,
         trans_3d=trans_3d)
 
 
 def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple[Tensor, ...]] = None,
-             backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
-    """Run the forward kernel; ⊕_c alpha[L_b, c] (B,) in ``out_dtype``."""
+             backpointers: Optional[tuple[Tensor, ...]] = None, chain=tl.float64) -> Tensor:
+    """Run the forward kernel with the chain dtype ``chain`` (module docstring); ⊕_c alpha[L_b, c] (B,) in
+    ``out_dtype``."""
     out = plan.new(plan.B, dtype=out_dtype)
     ring, ring_a = plan.rings()
     ck = checkpoints if checkpoints is not None else (ring, ring_a, out)
     bp = backpointers if backpointers is not None else (ring, ring, ring)
     semicrf_forward_kernel[(plan.B,)](
         *plan.inputs(), out, ring, ring_a, *ck, *bp, *plan.sizes(), LOG=log, SAVE_CKPT=checkpoints is not None,
-        WRITE_BP=backpointers is not None, **plan.meta(plan.warps))
+        WRITE_BP=backpointers is not None, CT=chain, **plan.meta(plan.warps))
     return out
 
 
 def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
-    No autograd graph."""
+    No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.cum.dtype)
+    return _forward(plan, call.semiring == "log", plan.cum.dtype, chain=plan.FT)
 
 
 def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:

@@ -1,0 +1,131 @@
+"""Host overhead of the Triton semi-CRF inference path, split into its stages.
+
+Run from the repository root::
+
+    python3 benchmarks/semicrf_overhead.py --out DIR [--calls 200] [--repeats 5]
+
+On CUDA, for B,T,K,C = 32,25,5,20 (launch-bound) and 4,1024,16,12 (latency-bound), float32 inputs, log semiring:
+
+(a) ``make_call`` alone (argument validation, one host sync for the data checks);
+(b) ``triton_ops.partition`` on a prebuilt call (plan, allocations, Triton launch);
+(c) the public ``semi_crf_streaming_forward`` (a + dispatch + b);
+(d) the kernel alone: ``triton.testing.do_bench_cudagraph`` on (b) (graph replays: no host work), with the inference
+    route's float32 chain and, for comparison, the float64 chain of the training / Viterbi routes.
+
+(a)-(c): ``torch.cuda.synchronize`` + ``time.perf_counter`` around ``--calls`` back-to-back calls, per call, median
+of ``--repeats`` such loops (the host runs ahead of the GPU, so a stage costs max(host, device) time). Prints a
+table and writes DIR/semicrf_overhead.json.
+
+Without CUDA it runs under the Triton interpreter (set here) on a tiny shape with few calls: a smoke check of the
+script, not a measurement; (d) is then skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from benchmarks.common import environment, print_table, write_json  # noqa: E402
+from kernels.semicrf import triton_ops  # noqa: E402
+from kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
+
+CUDA_SHAPES = [(32, 25, 5, 20), (4, 1024, 16, 12)]
+CPU_SHAPES = [(2, 4, 2, 3)]
+COLUMNS = [("shape", "B,T,K,C", ""), ("make_call_us", "(a) make_call us", ".1f"),
+           ("partition_us", "(b) partition us", ".1f"), ("public_us", "(c) public us", ".1f"),
+           ("kernel_f32_chain_us", "(d) kernel f32 chain us", ".1f"),
+           ("kernel_f64_chain_us", "kernel f64 chain us", ".1f"), ("us_per_step_f32", "us/step f32", ".3f"),
+           ("us_per_step_f64", "us/step f64", ".3f")]
+
+
+def inputs(B: int, T: int, K: int, C: int, device: torch.device) -> tuple:
+    """Random float32 arguments of ``semi_crf_streaming_forward`` (cumulative scores, full lengths)."""
+    gen = torch.Generator().manual_seed(0)
+    cum = torch.randn(B, T + 1, C, generator=gen).cumsum(1)
+    trans, dur = torch.randn(C, C, generator=gen), torch.randn(K, C, generator=gen)
+    lengths = torch.full((B,), T, dtype=torch.int64)
+    return tuple(x.to(device) for x in (cum, trans, dur, lengths)) + (K,)
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
+    """Median over ``repeats`` loops of ``calls`` back-to-back calls of the time per call, in microseconds."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()  # warm-up: compilation, caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def kernel_us(fn: Callable[[], Any], device: torch.device) -> Optional[float]:
+    """Device time of ``fn`` from CUDA-graph replays (median), in microseconds; None without CUDA. If the capture
+    fails, ``do_bench`` (events, L2 flushed; its flush hides the host time of a short call) and a warning."""
+    if device.type != "cuda":
+        return None
+    fn()
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3
+    except RuntimeError as exc:
+        print(f"warning: CUDA-graph capture failed ({exc}); timing with do_bench instead", file=sys.stderr)
+        return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+
+def measure(shape: tuple[int, int, int, int], calls: int, repeats: int, device: torch.device) -> dict:
+    B, T, K, C = shape
+    cum, trans, dur, lengths, K = inputs(B, T, K, C, device)
+    args = ("partition", cum, trans, dur, lengths, K, "log", None, None, True)
+    call = make_call(*args)
+    plan = triton_ops._plan(call)
+    row = dict(shape=",".join(map(str, shape)),
+               make_call_us=per_call_us(lambda: make_call(*args), calls, repeats, device),
+               partition_us=per_call_us(lambda: triton_ops.partition(call), calls, repeats, device),
+               public_us=per_call_us(lambda: semi_crf_streaming_forward(cum, trans, dur, lengths, K), calls, repeats,
+                                     device),
+               kernel_f32_chain_us=kernel_us(lambda: triton_ops.partition(call), device),
+               kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, cum.dtype, chain=tl.float64),
+                                             device))
+    for chain in ("f32", "f64"):
+        value = row[f"kernel_{chain}_chain_us"]
+        row[f"us_per_step_{chain}"] = None if value is None else value / T
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for semicrf_overhead.json")
+    parser.add_argument("--calls", type=int, default=None, help="calls per timed loop (CUDA 200, CPU 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed loops per stage (CUDA 5, CPU 1)")
+    opts = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    calls = opts.calls or (200 if cuda else 2)
+    repeats = opts.repeats or (5 if cuda else 1)
+    rows = [measure(shape, calls, repeats, device) for shape in (CUDA_SHAPES if cuda else CPU_SHAPES)]
+    opts.out.mkdir(parents=True, exist_ok=True)
+    write_json(opts.out / "semicrf_overhead.json",
+               dict(environment=environment(device), calls=calls, repeats=repeats, smoke_only=not cuda, rows=rows))
+    print_table(f"semi-CRF inference path, float32, log ({device.type}{'' if cuda else ': interpreter smoke check'})",
+                rows, COLUMNS)
+
+
+if __name__ == "__main__":
+    main()
