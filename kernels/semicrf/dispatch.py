@@ -61,6 +61,17 @@ class StreamingCall:
         return (self.cum_scores, self.transition, self.duration_bias, self.proj_start, self.proj_end)
 
 
+def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
+    """``call`` itself, after checking it is a :class:`StreamingCall` (and of ``semiring`` when given): the guard
+    every backend function runs first."""
+    if not isinstance(call, StreamingCall):
+        raise TypeError(f"call must be a StreamingCall (built by kernels.semicrf.dispatch.make_call), "
+                        f"got {type(call).__name__}")
+    if semiring is not None and call.semiring != semiring:
+        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
+    return call
+
+
 # ----------------------------------------------------------------------------------------------- conditions
 
 

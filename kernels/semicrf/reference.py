@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from kernels import validate
-from kernels.semicrf.dispatch import StreamingCall
+from kernels.semicrf.dispatch import StreamingCall, require_call
 from kernels.semicrf.structures import ViterbiPath
 
 Reduce = Callable[..., Tensor]  # reduce(x, dim): the semiring sum ⊕ over dim(s)
@@ -136,15 +136,6 @@ def _float64(x: Tensor) -> Tensor:
     return x.detach().to(torch.float64)
 
 
-def _check_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
-    if not isinstance(call, StreamingCall):
-        raise TypeError(f"call must be a StreamingCall (built by kernels.semicrf.dispatch.make_call), "
-                        f"got {type(call).__name__}")
-    if semiring is not None and call.semiring != semiring:
-        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
-    return call
-
-
 def _alphas(x: _Problem, ring: _Ring, start: int, stop: int, reduce: Reduce) -> Iterator[tuple[int, Tensor]]:
     """alpha[t] (B, C) for t = start+1..stop. ``ring`` holds the entries of positions start-K+1..start and is
     advanced in place."""
@@ -177,7 +168,7 @@ def _forward(x: _Problem, reduce: Reduce, every: Optional[int] = None) -> tuple[
 def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph."""
-    call = _check_call(call)
+    call = require_call(call)
     result, _ = _forward(_Problem(call), REDUCE[call.semiring])
     return result.to(call.cum_scores.dtype)
 
@@ -185,7 +176,7 @@ def partition(call: StreamingCall) -> Tensor:
 def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """logZ (B,) in the input dtype, and what :func:`backward` needs: ``(logZ in float64 (B,), ring snapshots
     (ceil(L/S), B, K, C))`` with S = ceil(sqrt(L*K)), L the longest length, K = min(call.K, T)."""
-    call = _check_call(call, "log")
+    call = require_call(call, "log")
     x = _Problem(call)
     logZ, snapshots = _forward(x, torch.logsumexp, every=_interval(x))
     return logZ.to(call.cum_scores.dtype), (logZ, torch.stack(snapshots))
@@ -251,7 +242,7 @@ def backward(call: StreamingCall, saved: tuple[Tensor, Tensor], logZ: Tensor, gr
     proj_end), None for an absent projection. Walks the checkpoint intervals in reverse, recomputing alpha in each
     from its snapshot, next to the outside recursion. Uses the float64 logZ in ``saved`` (``logZ``, the forward's
     output in the input dtype, is not precise enough for the marginals at large T)."""
-    call = _check_call(call, "log")
+    call = require_call(call, "log")
     validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=call.cum_scores.device)
     validate.shape("grad_logZ", grad_logZ, (call.batch,), "(B,)")
     x = _Problem(call)
@@ -272,7 +263,7 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     """The best segmentation per sequence. Max recursion over an alpha ring, keeping backpointers (best duration
     and previous label per (t, c), O(T*C)), then backtracking from the best final label. Ties: the shorter
     duration, then the smaller previous label (then the smaller final label)."""
-    call = _check_call(call)
+    call = require_call(call)
     x = _Problem(call)
     device = call.cum_scores.device
     best_duration = torch.ones(x.B, x.T + 1, x.C, dtype=torch.int64, device=device)

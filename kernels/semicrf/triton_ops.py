@@ -52,7 +52,7 @@ from torch import Tensor
 
 from kernels import validate
 from kernels.dispatch import triton_usable
-from kernels.semicrf.dispatch import StreamingCall
+from kernels.semicrf.dispatch import StreamingCall, require_call
 from kernels.semicrf.structures import ViterbiPath
 from kernels.semicrf.triton_backward import semicrf_backward_kernel
 from kernels.semicrf.triton_forward import semicrf_forward_kernel
@@ -143,11 +143,7 @@ def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
-    if not isinstance(call, StreamingCall):
-        raise TypeError(f"call must be a StreamingCall (built by kernels.semicrf.dispatch.make_call), "
-                        f"got {type(call).__name__}")
-    if semiring is not None and call.semiring != semiring:
-        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
+    call = require_call(call, semiring)
     if not triton_usable(call.cum_scores.device):
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
                          f"Triton backend, got {call.cum_scores.device}")
