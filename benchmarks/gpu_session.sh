@@ -35,11 +35,13 @@ step() {
 }
 
 step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
+# The tree's folders import as provable_kernels and kernel_sentinel (setup.py): link them, no install needed.
+mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels && ln -sfn "$PWD/sentinel" /tmp/import/kernel_sentinel
+export PYTHONPATH=/tmp/site:/tmp/import
 # The copy of the tree here has no .git: name the commit it was sent from (SENTINEL_COMMIT=<sha> bash ...).
 step nvidia-smi nvidia-smi
 if [ "$PHASE" = verify ]; then
-  step verify timeout "$VERIFY_TIMEOUT" python3 -m sentinel verify --device cuda --record --json "$OUT/verify-cuda.json"
+  step verify timeout "$VERIFY_TIMEOUT" python3 -m kernel_sentinel verify --device cuda --record --json "$OUT/verify-cuda.json"
   step records bash -c 'cp -v traces/verification/*cuda*.json "$0"/' "$OUT"
   step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS
   step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \

@@ -58,8 +58,8 @@ from common import (  # noqa: E402 - the repository root must be importable firs
     write_csv,
     write_json,
 )
-from kernels.dispatch import recording  # noqa: E402
-from kernels.semicrf.dispatch import semi_crf_streaming_forward  # noqa: E402
+from provable_kernels.dispatch import recording  # noqa: E402
+from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward  # noqa: E402
 
 GRAD_NAMES = ("cum_scores", "transition", "duration_bias")
 PASSES = ("fwd", "fwd+bwd")

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.semicrf import reference, triton_ops  # noqa: E402
-from kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
+from provable_kernels.semicrf import reference, triton_ops  # noqa: E402
+from provable_kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
 
 ANCHORS = {  # B, T, K, C -> flash-semicrf fwd ms, fwd+bwd ms (H200, shared/ANCHORS.md)
     (4, 1024, 16, 12): (16.9, 131.0),

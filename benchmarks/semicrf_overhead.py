@@ -40,8 +40,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks.common import environment, print_table, write_json  # noqa: E402
-from kernels.semicrf import triton_ops  # noqa: E402
-from kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
+from provable_kernels.semicrf import triton_ops  # noqa: E402
+from provable_kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
 
 CUDA_SHAPES = [(32, 25, 5, 20), (4, 1024, 16, 12)]
 CPU_SHAPES = [(2, 4, 2, 3)]

@@ -8,6 +8,6 @@ Each family lives in one package with the same shape:
 - ``reference.py``: the PyTorch reference of the same recursion;
 - ``family.py``: the registration with sentinel (inputs per route, references, tolerances, invariants).
 
-Shared pieces: :mod:`kernels.dispatch` (trees and route recording), :mod:`kernels.validate` (argument checks),
-:mod:`kernels.semiring` (semirings for the exact backends).
+Shared pieces: :mod:`provable_kernels.dispatch` (trees and route recording), :mod:`provable_kernels.validate` (argument checks),
+:mod:`provable_kernels.semiring` (semirings for the exact backends).
 """

@@ -34,7 +34,7 @@ from typing import Sequence, Union
 
 import torch
 
-from kernels import validate
+from provable_kernels import validate
 
 Dims = Union[int, Sequence[int]]
 

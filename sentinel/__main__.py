@@ -1,6 +1,6 @@
-"""``python -m sentinel``: the same as the ``sentinel`` command."""
+"""``python -m kernel_sentinel``: the same as the ``sentinel`` command."""
 import sys
 
-from sentinel.cli import main
+from kernel_sentinel.cli import main
 
 sys.exit(main())

@@ -15,8 +15,8 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from kernels.dispatch import recording
-from sentinel.family import Case, Outputs, Tolerance
+from provable_kernels.dispatch import recording
+from kernel_sentinel.family import Case, Outputs, Tolerance
 
 
 class RouteMismatch(AssertionError):
@@ -114,7 +114,7 @@ def compare_outputs(got: Outputs, want: Outputs, tol: Tolerance, source: str = "
 
 
 def run_route(run: Callable[[Case], Outputs], case: Case) -> Outputs:
-    """``run(case)`` inside :func:`kernels.dispatch.recording`; raise :class:`RouteMismatch` unless the
+    """``run(case)`` inside :func:`provable_kernels.dispatch.recording`; raise :class:`RouteMismatch` unless the
     dispatcher recorded exactly ``[case.route_id]``."""
     with recording() as taken:
         outputs = run(case)

@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
-COMMANDS = ("sentinel.verify", "sentinel.routes", "sentinel.trace", "sentinel.gate")
+COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
@@ -29,7 +29,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from sentinel import console, device
+    from kernel_sentinel import console, device
 
     parser, owners = build_parser()
     args = parser.parse_args(argv)

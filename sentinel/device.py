@@ -1,7 +1,7 @@
 """Which device sentinel runs on, and the Triton interpreter switch for the CPU.
 
 Triton decides at decoration time (``@triton.jit``) whether kernels run through its interpreter, so
-``TRITON_INTERPRET=1`` must be set before any ``kernels.*.triton_*`` module is imported: :func:`prepare` does that
+``TRITON_INTERPRET=1`` must be set before any ``provable_kernels.*.triton_*`` module is imported: :func:`prepare` does that
 when the device is the CPU, and refuses when such a module was already imported without it.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from kernels.dispatch import interpreter_enabled
+from provable_kernels.dispatch import interpreter_enabled
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -29,7 +29,7 @@ def prepare(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     if name == "cpu" and not interpreter_enabled():
-        early = sorted(m for m in sys.modules if m.startswith("kernels.") and ".triton_" in m)
+        early = sorted(m for m in sys.modules if m.startswith("provable_kernels.") and ".triton_" in m)
         if early:
             raise ValueError(f"Triton kernel modules {early} were imported before TRITON_INTERPRET=1 was set; "
                              "run sentinel in a fresh process or set TRITON_INTERPRET=1 first")

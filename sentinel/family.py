@@ -1,19 +1,19 @@
 """The one interface through which a kernel family registers with sentinel.
 
 A family is a :class:`Family` object exported as ``FAMILY`` from ``kernels/<name>/family.py``; sentinel finds it
-through :mod:`sentinel.registry` and never needs changing when a family is added. Everything sentinel says about
+through :mod:`kernel_sentinel.registry` and never needs changing when a family is added. Everything sentinel says about
 a family (routes, checks, traces, gate) comes from this object and the code it points at.
 
 Declarative part (read by the trace generator): ``name``, ``package`` (its docstring is ``summary``), ``tree``,
 ``invariants``, ``guards``, ``known_issues``, ``source_files()``.
 
-Executable part (run by :mod:`sentinel.verify`, one route at a time):
+Executable part (run by :mod:`kernel_sentinel.verify`, one route at a time):
 
 - ``make_case(route_id, size=, dtype=, device=, seed=)`` builds a :class:`Case` whose inputs make the dispatcher
   take that route; ``size`` is ``"small"`` (reference and exact backend) or ``"tiny"`` (brute force affordable).
 - ``run(case)`` calls the entry point with the case's arguments untouched (bad-input checks go through it too) and,
   for training routes, backward; it returns named tensors: the outputs and every gradient. The verifier runs it
-  inside :func:`kernels.dispatch.recording` and checks the route taken.
+  inside :func:`provable_kernels.dispatch.recording` and checks the route taken.
 - ``reference(case)`` returns the same names from the PyTorch reference run in float64.
 - ``oracles``: independent computations (exact backend, brute force), each returning some of those names.
 - ``properties``: hypothesis properties; ``adversarial``: guard inputs; ``bad_inputs``: one wrong argument each.
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from kernels.dispatch import Tree
+from provable_kernels.dispatch import Tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,7 +118,7 @@ class Property:
 
     ``example()`` returns a hypothesis strategy of one example (keep it printable: it is shown shrunk on failure);
     ``check(route_id, example, device)`` raises ``AssertionError`` when the property fails (use
-    :func:`sentinel.checks.expect_close` and :func:`sentinel.checks.expect`, which also report the error sizes).
+    :func:`kernel_sentinel.checks.expect_close` and :func:`kernel_sentinel.checks.expect`, which also report the error sizes).
     """
 
     name: str

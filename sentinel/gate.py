@@ -31,9 +31,9 @@ from typing import Any, Optional, Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from sentinel import console, records, registry, trace
-from sentinel.family import REPO_ROOT, Family
-from sentinel.report import JUnitCase, junit_tree, save_junit
+from kernel_sentinel import console, records, registry, trace
+from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.report import JUnitCase, junit_tree, save_junit
 
 GLOBAL_INPUTS = ("sentinel/", "pyproject.toml")
 RECORD_HINT = "run `sentinel verify --device cuda --record` on a GPU, then `sentinel trace`, and commit both"
@@ -146,7 +146,7 @@ def gpu_record_step(family: Family) -> Step:
 
 
 def _sentinel(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sentinel", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kernel_sentinel", *args], cwd=REPO_ROOT, capture_output=True, text=True)
 
 
 def verify_step(family: Family, quick: bool) -> Step:

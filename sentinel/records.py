@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.family import REPO_ROOT, Family
 
 RECORD_DIR = Path("traces") / "verification"
 

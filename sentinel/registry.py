@@ -7,14 +7,14 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from sentinel.family import Family
+from kernel_sentinel.family import Family
 
 
 class UnknownFamily(KeyError):
     """A family name that no ``family.py`` declares."""
 
 
-def families(package: str = "kernels") -> list[Family]:
+def families(package: str = "provable_kernels") -> list[Family]:
     """The ``FAMILY`` of every ``<package>/<name>/family.py``, sorted by family name.
 
     Raises ``TypeError`` when a ``family.py`` lacks ``FAMILY`` or it is not a :class:`Family`, and ``ValueError``
@@ -27,14 +27,14 @@ def families(package: str = "kernels") -> list[Family]:
             module_name = f"{package}.{family_file.parent.name}.family"
             family = getattr(importlib.import_module(module_name), "FAMILY", None)
             if not isinstance(family, Family):
-                raise TypeError(f"{module_name} must export FAMILY, a sentinel.family.Family")
+                raise TypeError(f"{module_name} must export FAMILY, a kernel_sentinel.family.Family")
             if family.name in found:
                 raise ValueError(f"two families are named {family.name!r}")
             found[family.name] = family
     return [found[name] for name in sorted(found)]
 
 
-def select(names: list[str] | None, package: str = "kernels") -> list[Family]:
+def select(names: list[str] | None, package: str = "provable_kernels") -> list[Family]:
     """The families named in ``names`` (all when None or empty), in registry order; :class:`UnknownFamily` for a
     name no family has."""
     every = families(package)

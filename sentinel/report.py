@@ -1,7 +1,7 @@
 """How verification results are shown and written: a rich progress bar (stderr), a rich table (stdout), the JSON
 report and JUnit XML.
 
-JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see sentinel.records>]}``, plus
+JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see kernel_sentinel.records>]}``, plus
 ``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route
 and check (``classname`` = route id, ``name`` = check), and one failing ``testcase`` per problem (``classname``
 ``sentinel.problems``), so that the JUnit file fails whenever the exit code does.
@@ -17,8 +17,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sentinel import console
-from sentinel.records import CheckResult, RouteResult, dumps
+from kernel_sentinel import console
+from kernel_sentinel.records import CheckResult, RouteResult, dumps
 
 
 def run_with_progress(selected: Sequence[tuple[Any, str]], options: Any, verify_route: Callable[..., RouteResult],

@@ -8,9 +8,9 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree as RichTree
 
-from sentinel import console
-from sentinel.family import Family
-from sentinel.trace import locate
+from kernel_sentinel import console
+from kernel_sentinel.family import Family
+from kernel_sentinel.trace import locate
 
 
 def family_routes(family: Family) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def family_routes(family: Family) -> dict[str, Any]:
 
 def rich_tree(family: Family) -> RichTree:
     """The family's decision tree: condition nodes, edges labelled by outcome, route leaves with id and source."""
-    from kernels.dispatch import Branch
+    from provable_kernels.dispatch import Branch
 
     def add(parent: RichTree, node: Any, label: str) -> None:
         if isinstance(node, Branch):
@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sentinel import registry
-    from sentinel.records import dumps
+    from kernel_sentinel import registry
+    from kernel_sentinel.records import dumps
 
     try:
         families = registry.select(args.family)

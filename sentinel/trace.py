@@ -32,10 +32,10 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from rich.console import Console
 from rich.text import Text
 
-from kernels.dispatch import Condition, Node, Path as TreePath, Route, Tree
-from sentinel.family import REPO_ROOT, Family
-from sentinel.records import blob_ids, git, head_commit, load_record
-from sentinel import registry
+from provable_kernels.dispatch import Condition, Node, Path as TreePath, Route, Tree
+from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.records import blob_ids, git, head_commit, load_record
+from kernel_sentinel import registry
 
 TRACES_DIR = REPO_ROOT / "traces"
 RECORDS_DIR_NAME = "verification"

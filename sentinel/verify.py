@@ -30,10 +30,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from sentinel import console
-from sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
-from sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
-from sentinel.records import CheckResult, RouteResult
+from kernel_sentinel import console
+from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
+from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
+from kernel_sentinel.records import CheckResult, RouteResult
 
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input")
 DEFAULT_EXAMPLES = 12
@@ -290,7 +290,7 @@ def _positive(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from sentinel.device import DEVICE_CHOICES
+    from kernel_sentinel.device import DEVICE_CHOICES
 
     p = subparsers.add_parser(
         "verify", help="run every dispatch route and cross-check it",
@@ -312,11 +312,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sentinel import device as devices
-    from sentinel import records, registry, report
+    from kernel_sentinel import device as devices
+    from kernel_sentinel import records, registry, report
 
     try:
-        device = devices.prepare(args.device)  # idempotent: sentinel.cli.main ran it before any kernel import
+        device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
     except ValueError as exc:
         return console.usage_error(str(exc))
     if args.record and args.route:

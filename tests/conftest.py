@@ -24,13 +24,13 @@ from typing import Any, Callable, Optional  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import validate  # noqa: E402
-from kernels.dispatch import Branch, Condition, Route, Tree  # noqa: E402
-from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi  # noqa: E402
-from sentinel.oracles import semicrf as oracle  # noqa: E402
-from sentinel.checks import expect_close, run_route  # noqa: E402
-from sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
+import provable_kernels  # noqa: E402
+from provable_kernels import validate  # noqa: E402
+from provable_kernels.dispatch import Branch, Condition, Route, Tree  # noqa: E402
+from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi  # noqa: E402
+from kernel_sentinel.oracles import semicrf as oracle  # noqa: E402
+from kernel_sentinel.checks import expect_close, run_route  # noqa: E402
+from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 
 
 def ask_speed(call: dict) -> str:
@@ -95,7 +95,7 @@ def check_sum_of_ones(route_id: str, n: int, device: torch.device) -> None:
 def _make_toy(**changes: Any) -> Family:
     family = Family(
         name="toy",
-        package=kernels,
+        package=provable_kernels,
         tree=TOY_TREE,
         entry_points={"toy_sum": toy_sum},
         make_case=toy_case,

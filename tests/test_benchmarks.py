@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sentinel.oracles import semicrf as oracle
+from kernel_sentinel.oracles import semicrf as oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,4 +1,4 @@
-"""The ``sentinel`` command line: exit codes, reports, records, ``routes``, ``python -m sentinel``, and the Triton
+"""The ``sentinel`` command line: exit codes, reports, records, ``routes``, ``python -m kernel_sentinel``, and the Triton
 interpreter switch. Most tests run in-process on the toy family of conftest.py."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from sentinel import device, records, registry
-from sentinel.cli import main
-from sentinel.family import REPO_ROOT
+from kernel_sentinel import device, records, registry
+from kernel_sentinel.cli import main
+from kernel_sentinel.family import REPO_ROOT
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -22,7 +22,7 @@ INFO = device.info(torch.device(DEVICE))
 
 @pytest.fixture
 def only_toy(monkeypatch, toy_family):
-    monkeypatch.setattr(registry, "families", lambda package="kernels": [toy_family()])
+    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [toy_family()])
 
 
 def verify(*args: str) -> int:
@@ -60,7 +60,7 @@ def test_usage_errors_exit_2(only_toy, capsys):
 
 
 def test_no_route_run_is_a_failure(monkeypatch, capsys):
-    monkeypatch.setattr(registry, "families", lambda package="kernels": [])
+    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [])
     assert verify() == 1
     assert "no route ran" in capsys.readouterr().out
 
@@ -92,10 +92,10 @@ def test_record_refuses_a_weaker_run(only_toy, tmp_path, monkeypatch, weaker):
 
 
 def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
-    from sentinel.family import Invariant
+    from kernel_sentinel.family import Invariant
 
     broken = toy_family(invariants=(Invariant("sums", "tests/test_cli.py::test_does_not_exist"),))
-    monkeypatch.setattr(registry, "families", lambda package="kernels": [broken])
+    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [broken])
     assert verify("--route", "toy.slow") == 1
     assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
 
@@ -112,8 +112,8 @@ def test_routes_prints_trees_and_json(capsys):
 
 
 def test_entry_point_and_python_dash_m():
-    assert 'sentinel = "sentinel.cli:main"' in (REPO_ROOT / "pyproject.toml").read_text()
-    done = subprocess.run([sys.executable, "-m", "sentinel", "--help"], cwd=REPO_ROOT, capture_output=True,
+    assert 'sentinel = "kernel_sentinel.cli:main"' in (REPO_ROOT / "pyproject.toml").read_text()
+    done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "--help"], cwd=REPO_ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0 and "verify" in done.stdout and "routes" in done.stdout
 
@@ -123,7 +123,7 @@ def test_cli_switches_the_triton_interpreter_on_for_cpu(tmp_path):
     Triton route is reached and runs on CPU tensors."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "sentinel", "verify", "--route", "semicrf.triton.max.infer", "--device", "cpu",
+        [sys.executable, "-m", "kernel_sentinel", "verify", "--route", "semicrf.triton.max.infer", "--device", "cpu",
          "--quick", "--examples", "1", "--json", str(tmp_path / "r.json")],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -134,7 +134,7 @@ def test_cli_switches_the_triton_interpreter_on_for_cpu(tmp_path):
 
 def test_cpu_refuses_kernels_compiled_before_the_interpreter_switch(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setitem(sys.modules, "kernels.fake.triton_kernel", object())
+    monkeypatch.setitem(sys.modules, "provable_kernels.fake.triton_kernel", object())
     with pytest.raises(ValueError, match=r"kernels\.fake\.triton_kernel.*imported before TRITON_INTERPRET=1"):
         device.prepare("cpu")
     assert not device.interpreter_enabled()

@@ -4,8 +4,8 @@ The temporary repository holds a copy of the project's ``sentinel/``, the shared
 ``pyproject.toml`` and ``.gitignore``, a README, and two toy families ``kernels/toya`` and ``kernels/toyb`` (one
 template: a two-route tree, a trivial ``@triton.jit`` kernel so that the gate demands a GPU record, fast
 checks). Fake-but-valid CUDA records of the toys (current blob ids, every route passed) are written with
-:mod:`sentinel.records`, the traces generated, and everything committed on ``main``. Each scenario clones that
-repository, makes one change and runs ``python -m sentinel gate`` there with ``PYTHONPATH`` set to the clone, so
+:mod:`kernel_sentinel.records`, the traces generated, and everything committed on ``main``. Each scenario clones that
+repository, makes one change and runs ``python -m kernel_sentinel gate`` there with ``PYTHONPATH`` set to the clone, so
 that sentinel's ``REPO_ROOT`` is the clone (checked by every helper run).
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel import gate
-from sentinel.cli import main
-from sentinel.family import REPO_ROOT
+from kernel_sentinel import gate, layout
+from kernel_sentinel.cli import main
+from kernel_sentinel.family import REPO_ROOT
 
 TOY_PACKAGE = {
     "__init__.py": '''"""Toy family TOY: row sums of ``x`` (R, D), for testing ``sentinel gate``."""
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import validate
-from kernels.dispatch import Branch, Condition, Route, Tree
+from provable_kernels import validate
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
 
 
 def ask_speed(call: dict) -> str:
@@ -79,10 +79,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-import kernels.TOY as package
-from kernels.TOY.dispatch import TREE, row_sum
-from sentinel.checks import expect_close, run_route
-from sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance
+import provable_kernels.TOY as package
+from provable_kernels.TOY.dispatch import TREE, row_sum
+from kernel_sentinel.checks import expect_close, run_route
+from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance
 
 TOLERANCE = Tolerance(1e-5, 1e-5)
 
@@ -128,9 +128,9 @@ TOYS = ("toya", "toyb")
 # after the first argument, then regenerate the traces when the first argument is "trace".
 REFRESH = """
 import sys
-from sentinel import records, registry
-from sentinel.cli import main
-from sentinel.family import REPO_ROOT
+from kernel_sentinel import records, registry
+from kernel_sentinel.cli import main
+from kernel_sentinel.family import REPO_ROOT
 
 print(REPO_ROOT)
 names = sys.argv[2:]
@@ -145,8 +145,10 @@ GIT_IDENTITY = {"GIT_AUTHOR_NAME": "gate test", "GIT_AUTHOR_EMAIL": "gate@test",
 
 
 def environment(repo: Path) -> dict[str, str]:
-    """Imports resolve to ``repo`` (its ``sentinel`` and ``kernels``); wide consoles so messages stay on a line."""
-    return {**os.environ, **GIT_IDENTITY, "PYTHONPATH": str(repo), "COLUMNS": "400"}
+    """Imports resolve to ``repo`` (its ``sentinel`` and ``kernels`` folders); wide consoles so messages stay on a
+    line."""
+    root = layout.import_root(repo, repo.parent / f"{repo.name}-import")
+    return {**os.environ, **GIT_IDENTITY, "PYTHONPATH": str(root), "COLUMNS": "400"}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -163,13 +165,13 @@ def refresh(repo: Path, trace: bool, *families: str) -> None:
     """Write fake CUDA records of ``families`` and, when ``trace``, run ``sentinel trace``, inside ``repo``."""
     done = python(repo, "-c", REFRESH, "trace" if trace else "records", *families)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert Path(done.stdout.splitlines()[0]) == repo.resolve()  # sentinel.family.REPO_ROOT is the temporary repo
+    assert Path(done.stdout.splitlines()[0]) == repo.resolve()  # kernel_sentinel.family.REPO_ROOT is the temporary repo
 
 
 def run_gate(repo: Path, *args: str) -> tuple[int, dict, subprocess.CompletedProcess]:
-    """``python -m sentinel gate ARGS --json`` in ``repo``: exit code, JSON result, the finished process."""
+    """``python -m kernel_sentinel gate ARGS --json`` in ``repo``: exit code, JSON result, the finished process."""
     result = repo.parent / f"{repo.name}-gate.json"
-    done = python(repo, "-m", "sentinel", "gate", *args, "--json", str(result))
+    done = python(repo, "-m", "kernel_sentinel", "gate", *args, "--json", str(result))
     return done.returncode, json.loads(result.read_text()), done
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dispatch import recording
-from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
+from provable_kernels.dispatch import recording
+from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
 
 B, T, K, C = 2, 4, 3, 2
 NAN, INF = float("nan"), float("inf")

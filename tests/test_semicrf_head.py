@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from kernels.dispatch import recording, triton_usable
-from kernels.semicrf.head import SemiMarkovCRFHead
-from kernels.semicrf.structures import Segment, ViterbiResult
-from sentinel.oracles import semicrf as oracle
+from provable_kernels.dispatch import recording, triton_usable
+from provable_kernels.semicrf.head import SemiMarkovCRFHead
+from provable_kernels.semicrf.structures import Segment, ViterbiResult
+from kernel_sentinel.oracles import semicrf as oracle
 
 F64 = torch.float64
 BACKENDS = ["streaming", "exact"]

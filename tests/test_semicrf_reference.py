@@ -16,9 +16,9 @@ from hypothesis import given, settings, strategies as st
 from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
 from conftest import semicrf_case as make_case
-from kernels.dispatch import recording
-from kernels.semicrf.dispatch import semi_crf_viterbi
-from sentinel.oracles import semicrf as oracle
+from provable_kernels.dispatch import recording
+from provable_kernels.semicrf.dispatch import semi_crf_viterbi
+from kernel_sentinel.oracles import semicrf as oracle
 
 CASES = {
     "linear_chain_K1": dict(B=2, T=4, K=1, C=3),

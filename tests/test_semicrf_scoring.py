@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from kernels.semicrf.scoring import path_score, starts_from_labels
-from kernels.semicrf.structures import Segment, ViterbiResult
-from sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf.scoring import path_score, starts_from_labels
+from provable_kernels.semicrf.structures import Segment, ViterbiResult
+from kernel_sentinel.oracles import semicrf as oracle
 
 F64 = torch.float64
 

@@ -20,10 +20,10 @@ import triton.language as tl
 from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
 from conftest import semicrf_case
-from kernels.dispatch import recording
-from kernels.semicrf import triton_ops
-from kernels.semicrf.dispatch import make_call
-from sentinel.oracles import semicrf as oracle
+from provable_kernels.dispatch import recording
+from provable_kernels.semicrf import triton_ops
+from provable_kernels.semicrf.dispatch import make_call
+from kernel_sentinel.oracles import semicrf as oracle
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # interpreter
 

@@ -1,6 +1,6 @@
 """``sentinel trace``: documents drawn from the code, deterministic, and ``--check`` catching drift.
 
-The git-level properties run ``python -m sentinel trace`` in a copy of the working tree turned into its own git
+The git-level properties run ``python -m kernel_sentinel trace`` in a copy of the working tree turned into its own git
 repository (the real working tree and its git state are never touched).
 """
 from __future__ import annotations
@@ -15,14 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from kernels.semicrf.dispatch import TREE
-from sentinel import registry, trace
-from sentinel.family import Invariant
+from provable_kernels.semicrf.dispatch import TREE
+from kernel_sentinel import layout, registry, trace
+from kernel_sentinel.family import Invariant
 
 REPO = Path(__file__).resolve().parents[1]
 GIT_IDENTITY = ["-c", "user.name=sentinel test", "-c", "user.email=test@example.invalid", "-c", "commit.gpgsign=false"]
 COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "build", "site", ".venv",
                                      "*.egg-info", ".whl")
+
+
+def importable(repo: Path) -> Path:
+    """A directory that imports ``repo``'s code under the installed package names."""
+    return layout.import_root(repo, repo.parent / f"{repo.name}-import")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -35,9 +40,9 @@ def blob_id(path: Path) -> str:
 
 
 def sentinel_trace(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m sentinel trace ARGS`` importing the code of ``repo``."""
-    env = {**os.environ, "PYTHONPATH": str(repo), "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "sentinel", "trace", *args], cwd=repo, env=env, capture_output=True,
+    """``python -m kernel_sentinel trace ARGS`` importing the code of ``repo``."""
+    env = {**os.environ, "PYTHONPATH": str(importable(repo)), "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "kernel_sentinel", "trace", *args], cwd=repo, env=env, capture_output=True,
                           text=True)
 
 
@@ -175,8 +180,8 @@ def repo_copy(tmp_path: Path) -> Path:
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "first version")
-    probe = subprocess.run([sys.executable, "-c", "import sentinel.trace as t; print(t.REPO_ROOT)"], cwd=repo,
-                           env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, check=True)
+    probe = subprocess.run([sys.executable, "-c", "import kernel_sentinel.trace as t; print(t.REPO_ROOT)"], cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(importable(repo))}, capture_output=True, text=True, check=True)
     assert Path(probe.stdout.strip()) == repo.resolve()  # the copy's code runs, not the real tree's
     return repo
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.semicrf import reference as torch_reference
-from kernels.semicrf.family import FAMILY as SEMICRF
-from kernels.semicrf.family import exact_backend
-from sentinel import records, registry, report
-from sentinel.checks import compare
-from sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
-from sentinel.verify import CHECKS, Options, select_routes, verify_route
+from provable_kernels.semicrf import reference as torch_reference
+from provable_kernels.semicrf.family import FAMILY as SEMICRF
+from provable_kernels.semicrf.family import exact_backend
+from kernel_sentinel import records, registry, report
+from kernel_sentinel.checks import compare
+from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
+from kernel_sentinel.verify import CHECKS, Options, select_routes, verify_route
 
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
@@ -128,7 +128,7 @@ def test_registry_discovers_family_modules(tmp_path, monkeypatch):
     (package / "copy").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "copy" / "family.py").write_text(
-        "import dataclasses\nfrom kernels.semicrf.family import FAMILY as SEMICRF\n"
+        "import dataclasses\nfrom provable_kernels.semicrf.family import FAMILY as SEMICRF\n"
         "FAMILY = dataclasses.replace(SEMICRF, name='copy')\n")
     (package / "notafamily").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -226,10 +226,10 @@ def test_semicrf_references_refuse_to_decode_a_tied_best_path():
 
 
 def plant(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
-    """Plant a bug in the real ``kernels.semicrf.reference`` module for one test: its source with ``old`` replaced by
+    """Plant a bug in the real ``provable_kernels.semicrf.reference`` module for one test: its source with ``old`` replaced by
     ``new`` (which must occur exactly once) is executed and every name of the result replaces the module's
     (monkeypatch restores them). The torch routes, which read that module, run the mutant; the family's
-    reference (``sentinel.oracles.semicrf``) must not see it."""
+    reference (``kernel_sentinel.oracles.semicrf``) must not see it."""
     source = Path(torch_reference.__file__).read_text()
     assert source.count(old) == 1, f"mutation target {old!r} not found once in reference.py"
     namespace: dict = {"__name__": torch_reference.__name__}

@@ -7,11 +7,11 @@ projections) plus ``transition[prev, next]`` between consecutive segments; the f
 The streaming routes compute edges on the fly with O(K*C) live state per sequence; the exact backend works on a
 pre-built edge tensor (``edges_from_streaming``) and supports every semiring.
 """
-from kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
-from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from kernels.semicrf.head import SemiMarkovCRFHead
-from kernels.semicrf.scoring import path_score, starts_from_labels
-from kernels.semicrf.structures import Segment, ViterbiResult
+from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
+from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from provable_kernels.semicrf.head import SemiMarkovCRFHead
+from provable_kernels.semicrf.scoring import path_score, starts_from_labels
+from provable_kernels.semicrf.structures import Segment, ViterbiResult
 
 __all__ = [
     "TREE",

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from kernels.semicrf.dispatch import StreamingCall
-from kernels.semicrf.scoring import path_score
-from kernels.semicrf.structures import ViterbiPath
+from provable_kernels.semicrf.dispatch import StreamingCall
+from provable_kernels.semicrf.scoring import path_score
+from provable_kernels.semicrf.structures import ViterbiPath
 
 _INPUTS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")  # the order of call.tensors
 
@@ -50,7 +50,7 @@ def log_partition(backend: ModuleType, call: StreamingCall) -> Tensor:
 
 
 def path_tensors(path: ViterbiPath, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """``(starts (B, T) bool, labels (B, T) int64)`` per position, as :func:`~kernels.semicrf.scoring.path_score`
+    """``(starts (B, T) bool, labels (B, T) int64)`` per position, as :func:`~provable_kernels.semicrf.scoring.path_score`
     takes them, from a ViterbiPath (segments marked at their last position). Positions >= lengths[b]: False / 0."""
     ends = path.durations > 0
     B, T = ends.shape

@@ -21,9 +21,9 @@ from typing import Optional
 
 import torch
 
-from kernels import validate
-from kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
-from kernels.semicrf.structures import ViterbiResult, to_result
+from provable_kernels import validate
+from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
+from provable_kernels.semicrf.structures import ViterbiResult, to_result
 
 SEMIRINGS = ("log", "max")
 
@@ -65,7 +65,7 @@ def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
     """``call`` itself, after checking it is a :class:`StreamingCall` (and of ``semiring`` when given): the guard
     every backend function runs first."""
     if not isinstance(call, StreamingCall):
-        raise TypeError(f"call must be a StreamingCall (built by kernels.semicrf.dispatch.make_call), "
+        raise TypeError(f"call must be a StreamingCall (built by provable_kernels.semicrf.dispatch.make_call), "
                         f"got {type(call).__name__}")
     if semiring is not None and call.semiring != semiring:
         raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
@@ -108,10 +108,10 @@ GRAD = Condition("grad", ask_grad, ("infer", "train"))
 
 def _backend(name: str):
     if name == "triton":
-        from kernels.semicrf import triton_ops
+        from provable_kernels.semicrf import triton_ops
 
         return triton_ops
-    from kernels.semicrf import reference
+    from provable_kernels.semicrf import reference
 
     return reference
 
@@ -123,14 +123,14 @@ def torch_partition_infer(call: StreamingCall) -> torch.Tensor:
 
 def torch_log_train(call: StreamingCall) -> torch.Tensor:
     """PyTorch forward with checkpoints; hand-written backward recomputes from them (log semiring)."""
-    from kernels.semicrf.autograd import log_partition
+    from provable_kernels.semicrf.autograd import log_partition
 
     return log_partition(_backend("torch"), call)
 
 
 def torch_max_train(call: StreamingCall) -> torch.Tensor:
     """PyTorch Viterbi forward; the gradient is the indicator of the decoded best path (max semiring)."""
-    from kernels.semicrf.autograd import max_partition
+    from provable_kernels.semicrf.autograd import max_partition
 
     return max_partition(_backend("torch"), call)
 
@@ -147,14 +147,14 @@ def triton_partition_infer(call: StreamingCall) -> torch.Tensor:
 
 def triton_log_train(call: StreamingCall) -> torch.Tensor:
     """Triton forward saving ring-buffer checkpoints; hand-written Triton backward (log semiring)."""
-    from kernels.semicrf.autograd import log_partition
+    from provable_kernels.semicrf.autograd import log_partition
 
     return log_partition(_backend("triton"), call)
 
 
 def triton_max_train(call: StreamingCall) -> torch.Tensor:
     """Triton Viterbi kernel; the gradient is the indicator of the decoded best path (max semiring)."""
-    from kernels.semicrf.autograd import max_partition
+    from provable_kernels.semicrf.autograd import max_partition
 
     return max_partition(_backend("triton"), call)
 
@@ -272,7 +272,7 @@ def semi_crf_viterbi(
     use_triton: bool = True,
 ) -> ViterbiResult:
     """Best segmentation per sequence: ``(scores (B,), segments)`` with ``segments[b]`` a list of
-    :class:`~kernels.semicrf.structures.Segment`. Ties go to the shorter duration, then the smaller label."""
+    :class:`~provable_kernels.semicrf.structures.Segment`. Ties go to the shorter duration, then the smaller label."""
     call = make_call("viterbi", cum_scores, transition, duration_bias, lengths, K, "max", proj_start, proj_end,
                      use_triton)
     return to_result(call, TREE.dispatch(call))

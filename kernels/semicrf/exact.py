@@ -1,4 +1,4 @@
-"""Exact semi-CRF backend on a pre-built edge tensor, for every semiring of :mod:`kernels.semiring`.
+"""Exact semi-CRF backend on a pre-built edge tensor, for every semiring of :mod:`provable_kernels.semiring`.
 
 Edge layout (one meaning everywhere: :func:`edges_from_streaming`, :class:`SemiMarkov`, the oracle's
 ``all_scores_from_edges``):
@@ -18,9 +18,9 @@ from typing import Optional, Union
 
 import torch
 
-from kernels import validate
-from kernels.semicrf.dispatch import make_call
-from kernels.semiring import Log, Max, Semiring
+from provable_kernels import validate
+from provable_kernels.semicrf.dispatch import make_call
+from provable_kernels.semiring import Log, Max, Semiring
 
 Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 

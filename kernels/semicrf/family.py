@@ -1,5 +1,5 @@
 """Registration of the semi-CRF family with sentinel: inputs per route, the float64 reference (the independent
-recursion of :mod:`sentinel.oracles.semicrf`), the oracles (exact backend on edges, brute-force enumeration),
+recursion of :mod:`kernel_sentinel.oracles.semicrf`), the oracles (exact backend on edges, brute-force enumeration),
 tolerances, properties, guards, bad inputs, invariants.
 
 Outputs of a route, by name: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>``
@@ -16,16 +16,16 @@ from typing import Any, Optional
 import torch
 from hypothesis import strategies as st
 
-import kernels.semicrf as package
-from kernels import semiring as semirings
-from kernels.semicrf import autograd
-from kernels.semicrf import reference as torch_reference
-from kernels.semicrf import triton_forward
-from kernels.semicrf.dispatch import TREE, make_call, semi_crf_streaming_forward, semi_crf_viterbi
-from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from sentinel.checks import expect, expect_close, run_route
-from sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property, Tolerance
-from sentinel.oracles import semicrf as oracle
+import provable_kernels.semicrf as package
+from provable_kernels import semiring as semirings
+from provable_kernels.semicrf import autograd
+from provable_kernels.semicrf import reference as torch_reference
+from provable_kernels.semicrf import triton_forward
+from provable_kernels.semicrf.dispatch import TREE, make_call, semi_crf_streaming_forward, semi_crf_viterbi
+from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from kernel_sentinel.checks import expect, expect_close, run_route
+from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property, Tolerance
+from kernel_sentinel.oracles import semicrf as oracle
 
 TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
 ENTRY_POINTS = {"partition": semi_crf_streaming_forward, "viterbi": semi_crf_viterbi}  # by the tree's op
@@ -163,7 +163,7 @@ def _naive(kwargs: dict[str, Any], semiring: str, **changes: Any) -> torch.Tenso
 
 
 def reference(case: Case) -> Outputs:
-    """The independent float64 reference ``sentinel.oracles.semicrf.naive_partition`` (the plain recursion keeping
+    """The independent float64 reference ``kernel_sentinel.oracles.semicrf.naive_partition`` (the plain recursion keeping
     every alpha; no code shared with any route) on float64 copies of the inputs, gradients by torch autograd.
     Viterbi routes: the best score, and the path read off the gradient of the best score w.r.t. ``proj_start``
     (a zero one when absent): 1 exactly at the (start, label) of each best segment (a tie fails loudly)."""
@@ -236,7 +236,7 @@ def _decode(indicator: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def brute_force(case: Case) -> Outputs:
-    """Enumerate every segmentation (``sentinel.oracles.semicrf``), score each from the convention, and take
+    """Enumerate every segmentation (``kernel_sentinel.oracles.semicrf``), score each from the convention, and take
     logsumexp / max; gradients as expectations of each segmentation's feature counts under the Gibbs
     distribution (log) or at the best segmentation (max). Plain Python float64."""
     kw = _float64_cpu(case.kwargs)

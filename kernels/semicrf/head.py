@@ -19,12 +19,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from kernels import validate
-from kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
-from kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from kernels.semicrf.scoring import path_score, starts_from_labels
-from kernels.semicrf.structures import ViterbiResult
-from kernels.semiring import Counting, Entropy, KMax, Log, Max, Semiring
+from provable_kernels import validate
+from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
+from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from provable_kernels.semicrf.scoring import path_score, starts_from_labels
+from provable_kernels.semicrf.structures import ViterbiResult
+from provable_kernels.semiring import Counting, Entropy, KMax, Log, Max, Semiring
 
 DEFAULT_EXACT_MAX_BYTES = 256 * 2**20  # 256 MiB
 STREAMING_SEMIRINGS = ("log", "max")

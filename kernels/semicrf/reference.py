@@ -1,6 +1,6 @@
 """PyTorch reference of the streaming semi-CRF: the backend behind the ``semicrf.torch.*`` routes.
 
-The recursion of every streaming route (conventions in :mod:`kernels.semicrf.dispatch`), vectorised over batch,
+The recursion of every streaming route (conventions in :mod:`provable_kernels.semicrf.dispatch`), vectorised over batch,
 durations and labels, with a Python loop over positions:
 
     alpha[t, c] = ⊕_{d=1..min(K,t)} in(t-d, d)[c] + seg(t-d, d, c),   in(0, d) = 0 (the first segment pays no
@@ -40,9 +40,9 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
-from kernels import validate
-from kernels.semicrf.dispatch import StreamingCall, require_call
-from kernels.semicrf.structures import ViterbiPath
+from provable_kernels import validate
+from provable_kernels.semicrf.dispatch import StreamingCall, require_call
+from provable_kernels.semicrf.structures import ViterbiPath
 
 Reduce = Callable[..., Tensor]  # reduce(x, dim): the semiring sum ⊕ over dim(s)
 REDUCE: dict[str, Reduce] = {"log": torch.logsumexp, "max": torch.amax}

@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from kernels import validate
-from kernels.semicrf.dispatch import make_call
+from provable_kernels import validate
+from provable_kernels.semicrf.dispatch import make_call
 
 
 def _positions(lengths: torch.Tensor, T: int) -> torch.Tensor:

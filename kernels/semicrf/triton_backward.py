@@ -17,7 +17,7 @@ the last to the first: it restores the ring of step kS, recomputes alpha over th
 step (float64 offsets + input-dtype values into a (S+1, C) buffer), then runs the outside recursion down the interval
 with its own ring of float64 entries ``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots).
 
-Precision: as in :mod:`kernels.semicrf.triton_forward`: the outside recursion's logsumexps run in float64 on
+Precision: as in :mod:`provable_kernels.semicrf.triton_forward`: the outside recursion's logsumexps run in float64 on
 ``X = W[s+d] + ps[s] - cum[s] - M + dur`` (M = max beta[s+1], the carried float64 reference). The marginals are
 exponentials of input-dtype numbers that are O(1) for the terms that matter (X, a[s] = alpha relative to its max
 A[s], ``G = A[s] + M - logZ``). The duration / transition sums accumulate in the input dtype within one
@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.semicrf.triton_forward import (
+from provable_kernels.semicrf.triton_forward import (
     SIZES,
     _lse,
     _lse_merge,

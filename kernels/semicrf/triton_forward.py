@@ -1,6 +1,6 @@
 """Triton streaming forward of the semi-CRF (log and max semirings), one program per sequence.
 
-Recursion (conventions in :mod:`kernels.semicrf.dispatch`), run for t = 1..L_b:
+Recursion (conventions in :mod:`provable_kernels.semicrf.dispatch`), run for t = 1..L_b:
 
     alpha[t, c] = ⊕_{d=1..min(K,t)} in(t-d, d)[c] + seg(t-d, d, c),      in(0, ·) = 0,
     in(s, d)[c] = ⊕_{c'} alpha[s, c'] + trans(d)[c', c],

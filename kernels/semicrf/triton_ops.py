@@ -1,13 +1,13 @@
 """Triton backend of the streaming semi-CRF: the kernels behind the ``semicrf.triton.*`` routes.
 
-Same interface as :mod:`kernels.semicrf.reference` (conventions in :mod:`kernels.semicrf.dispatch`):
+Same interface as :mod:`provable_kernels.semicrf.reference` (conventions in :mod:`provable_kernels.semicrf.dispatch`):
 ``partition``, ``forward_checkpointed``, ``backward``, ``viterbi``. Every kernel runs one program per sequence,
 sequential over positions, with edges computed on the fly from ``cum_scores`` and O(K*C) live state (a ring of the
 last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longer than T never occur, so K is
 capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional proj_start / proj_end, variable
 lengths, float32 or float64 inputs; outputs in the input dtype.
 
-Precision per route (float32 inputs; see :mod:`kernels.semicrf.triton_forward`). Every route carries float64
+Precision per route (float32 inputs; see :mod:`provable_kernels.semicrf.triton_forward`). Every route carries float64
 offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T dependent steps runs in
 
 - float32 for inference (``partition``: the ``log.infer`` / ``max.infer`` routes): logZ relative error 5.3e-8 at
@@ -50,13 +50,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels import validate
-from kernels.dispatch import triton_usable
-from kernels.semicrf.dispatch import StreamingCall, require_call
-from kernels.semicrf.structures import ViterbiPath
-from kernels.semicrf.triton_backward import semicrf_backward_kernel
-from kernels.semicrf.triton_forward import semicrf_forward_kernel
-from kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
+from provable_kernels import validate
+from provable_kernels.dispatch import triton_usable
+from provable_kernels.semicrf.dispatch import StreamingCall, require_call
+from provable_kernels.semicrf.structures import ViterbiPath
+from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel
+from provable_kernels.semicrf.triton_forward import semicrf_forward_kernel
+from provable_kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
 
 TILE_2D = 4096  # elements of a (durations, labels) chunk for 2-D transitions
 TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transitions

@@ -1,6 +1,6 @@
 """Triton Viterbi backtracking for the semi-CRF.
 
-The max recursion itself is :func:`kernels.semicrf.triton_forward.semicrf_forward_kernel` with ``WRITE_BP``: per
+The max recursion itself is :func:`provable_kernels.semicrf.triton_forward.semicrf_forward_kernel` with ``WRITE_BP``: per
 (t, c) it writes the best duration of a segment labelled c ending at t (``bp_dur[t, c]``, the shortest among
 ties) and the best previous label (smallest among ties): for 2-D transitions it does not depend on the duration
 and is written once per segment *start* s (``bp_prev[s, c]``), for 3-D ones per segment *end* t
@@ -8,7 +8,7 @@ and is written once per segment *start* s (``bp_prev[s, c]``), for 3-D ones per 
 (smallest among ties).
 
 This kernel follows the pointers from (L_b, best final label) back to 0, one program per sequence, and fills a
-:class:`~kernels.semicrf.structures.ViterbiPath`: ``durations[b, e] = d`` and ``labels[b, e] = c`` where a
+:class:`~provable_kernels.semicrf.structures.ViterbiPath`: ``durations[b, e] = d`` and ``labels[b, e] = c`` where a
 segment of the best path covers [e-d+1, e] (both zero-filled beforehand).
 """
 from __future__ import annotations
