@@ -1,9 +1,11 @@
 """Packaging: the folders ``kernels/`` and ``sentinel/`` install under import names that no well-known
-distribution uses (PyPI's ``kernels`` and ``sentinel`` are other projects): ``provable_kernels`` and
-``kernel_sentinel``. Everything else lives in ``pyproject.toml``."""
+distribution uses (PyPI's ``kernels`` and ``sentinel`` are other projects); the mapping lives in
+``sentinel/layout.py``. Everything else is in ``pyproject.toml``."""
+import runpy
+
 from setuptools import find_packages, setup
 
-IMPORT_NAMES = {"kernels": "provable_kernels", "sentinel": "kernel_sentinel"}  # folder -> import name
+IMPORT_NAMES = runpy.run_path("sentinel/layout.py")["IMPORT_NAMES"]  # folder -> import name
 
 setup(
     package_dir={name: folder for folder, name in IMPORT_NAMES.items()},
