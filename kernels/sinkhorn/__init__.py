@@ -1,0 +1,15 @@
+"""Sinkhorn-Knopp normalisation: doubly-stochastic matrices from logits, batched, in two domains.
+
+``sinkhorn(x, iters=20, domain="log", eps=1e-6)`` maps ``x`` (..., n, n) to the same shape and dtype.
+``"log"``: clamp at -1e5, then ``iters`` row and column log-normalisations, then ``exp``. ``"prob"``:
+softmax over rows plus ``eps``, a column division, then ``iters - 1`` row and column divisions (each by the sum
+plus ``eps``). Math in float32 (float64 for float64); gradients are exact for the finite loop. The Triton
+routes (n <= 64) pack several matrices per program, compute the log domain in scaling form (one exponential per
+entry, then divisions only; blocks whose rows span more than a threshold run the log loop itself), and their
+backward replays the forward on chip from ``x``, storing nothing per iteration. n > 64 and devices without
+Triton take the PyTorch loop. Modules: :class:`SinkhornKnopp`, and :class:`FusedMHC` with triton-sinkhorn's
+interface.
+"""
+from provable_kernels.sinkhorn.dispatch import TREE, FusedMHC, SinkhornKnopp, sinkhorn
+
+__all__ = ["TREE", "FusedMHC", "SinkhornKnopp", "sinkhorn"]

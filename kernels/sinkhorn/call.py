@@ -1,0 +1,73 @@
+"""The Sinkhorn call every route receives, and its validation (imports no backend).
+
+``sinkhorn(x, iters=20, domain="log", eps=1e-6)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
+any number of leading dims (none included); ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``; ``eps`` a
+real number >= 0 (used by ``"prob"`` only). -inf entries are allowed; NaN or +inf in ``x`` is a ``ValueError``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from provable_kernels import validate
+
+DOMAINS = ("log", "prob")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class SinkhornCall:
+    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``."""
+
+    x: torch.Tensor
+    iters: int
+    domain: str
+    eps: float
+    use_triton: bool
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[-1]
+
+    @property
+    def batch(self) -> int:
+        """Number of matrices (product of the leading dims)."""
+        return self.x.numel() // max(1, self.n * self.n) if self.n else 0
+
+
+def make_call(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
+              use_triton: object = True) -> SinkhornCall:
+    """Validate the arguments (shapes, dtypes and types free; NaN/+inf in ``x`` with one host sync through
+    :class:`provable_kernels.validate.DataChecks`) and return the call."""
+    x = validate.tensor("x", x, dtypes=DTYPES)
+    if x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dims (..., n, n), got shape {tuple(x.shape)}")
+    if x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"x must be square in its last two dims (..., n, n), got shape {tuple(x.shape)}")
+    iters = validate.positive_int("iters", iters)
+    domain = validate.choice("domain", domain, DOMAINS)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number >= 0, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if not isinstance(use_triton, bool):
+        raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+    checks = validate.DataChecks()
+    checks.finite("x", x, allow_neg_inf=True)
+    checks.verify()
+    return SinkhornCall(x, iters, domain, eps, use_triton)
+
+
+def require_call(call: object, domain: str | None = None) -> SinkhornCall:
+    """``call`` itself, after checking it is a :class:`SinkhornCall` (of ``domain`` when given): the guard every
+    backend function runs first."""
+    if not isinstance(call, SinkhornCall):
+        raise TypeError(f"call must be a SinkhornCall (built by provable_kernels.sinkhorn.call.make_call), "
+                        f"got {type(call).__name__}")
+    if domain is not None and call.domain != domain:
+        raise ValueError(f"call.domain must be {domain!r} here, got {call.domain!r}")
+    return call

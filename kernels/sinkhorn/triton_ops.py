@@ -1,0 +1,93 @@
+"""Triton host side: launch plan, allocation (through :mod:`provable_kernels.alloc`) and launches.
+
+Inputs are (B, n, n) contiguous tensors; outputs and input gradients are fresh (B, n, n) tensors of the input's
+dtype. ``MAX_N`` is the largest n the kernels hold (one 64 x 64 matrix per program); larger n take the PyTorch
+route of the dispatch tree.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from provable_kernels import alloc
+from provable_kernels.sinkhorn import triton_sinkhorn as kernels
+
+MAX_N = 64
+TILE = 2048  # entries per program (BM * NB * NB) when several matrices share one program
+PROGRAMS_PER_SM = 4
+# Largest span of a row of L = max(x, -1e5) - rowmax that the scaling form takes: exp(-RMAX) stays a normal
+# number and the scalings (bounded by exp(RMAX) times powers of n) stay far from overflow. Wider rows run the
+# log-domain loop for their block.
+RMAX = {torch.float32: 30.0, torch.float64: 300.0}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Matrices per program ``BM``, padded size ``NB``, grid and warps for ``B`` matrices of size ``n``."""
+
+    BM: int
+    NB: int
+    grid: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # interpreter: one "SM", so packing stays small and tests see several programs
+
+
+@functools.lru_cache(maxsize=None)
+def plan(B: int, n: int, device: torch.device) -> Plan:
+    """Pack as many matrices per program as fit ``TILE`` while keeping ``PROGRAMS_PER_SM`` programs per SM when
+    the batch allows (so B = 32 and B = 1M both spread over the GPU)."""
+    NB = triton.next_power_of_2(n)
+    cap = max(1, TILE // (NB * NB))
+    want = max(1, B // (PROGRAMS_PER_SM * _sm_count(device)))
+    BM = min(cap, 1 << (want.bit_length() - 1))
+    tile = BM * NB * NB
+    return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // 256)))
+
+
+def _checked(x: torch.Tensor) -> tuple[int, int]:
+    if x.dim() != 3 or x.shape[1] != x.shape[2] or not x.is_contiguous():
+        raise ValueError(f"x must be a contiguous (B, n, n) tensor, got shape {tuple(x.shape)}")
+    if x.shape[1] > MAX_N:
+        raise ValueError(f"x must have n <= {MAX_N} on the Triton route, got n = {x.shape[1]}")
+    return x.shape[0], x.shape[1]
+
+
+def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, prob_kernel, *tensors) -> None:
+    B, n = _checked(x)
+    p = plan(B, n, x.device)
+    f64 = x.dtype == torch.float64
+    common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
+    if domain == "log":
+        log_kernel[(p.grid,)](*tensors, B, iters, RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+    else:
+        prob_kernel[(p.grid,)](*tensors, B, iters, eps, **common)
+
+
+def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
+    """Sinkhorn of every matrix of ``x`` (B, n, n) contiguous; returns a fresh (B, n, n) in ``x``'s dtype."""
+    B, _ = _checked(x)
+    out = alloc.empty_like(x)
+    if B:
+        _launch(x, iters, domain, eps, kernels.log_forward_kernel, kernels.prob_forward_kernel, x, out)
+    return out
+
+
+def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
+    """Gradient with respect to ``x`` of ``sum(grad * forward(x))``, replaying the forward on chip; ``grad`` is
+    (B, n, n) contiguous; returns a fresh (B, n, n) in ``x``'s dtype."""
+    B, _ = _checked(x)
+    if grad.shape != x.shape or not grad.is_contiguous():
+        raise ValueError(f"grad must be contiguous with shape {tuple(x.shape)}, got {tuple(grad.shape)}")
+    gx = alloc.empty_like(x)
+    if B:
+        _launch(x, iters, domain, eps, kernels.log_backward_kernel, kernels.prob_backward_kernel, x, grad, gx)
+    return gx

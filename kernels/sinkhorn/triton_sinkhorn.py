@@ -1,0 +1,192 @@
+"""Triton kernels of the Sinkhorn family (``@triton.jit`` code only; the host side is in ``triton_ops``).
+
+One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n rounded up to a power of two; padded
+rows, columns and matrices are masked). Nothing per iteration goes to global memory: the forward reads ``x`` once
+and writes the output once; the backward reads ``x`` and the upstream gradient, replays the forward on chip for
+every step it needs (O(iters^2) replayed steps, O(n^2) state per matrix) and writes the input gradient once.
+
+Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
+log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (divisions only) with output ``r_i K_ij c_j``:
+``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX`` in ``L`` (so
+``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself (``use_log``).
+
+Probability domain: ``p0 = softmax(x) + eps`` (n^2 exponentials, once); every later step is a diagonal scaling
+``p = r_i p0_ij c_j``, so iterations are matrix-vector sums and divisions.
+
+Backward in matrix form: each normalisation ``w' = w - lse(w)`` has the adjoint ``w_bar -= E * sum(w_bar)`` with
+``E = exp(w')`` the normalised matrix; each ``p' = p / d`` has ``p_bar = (p_bar - sum(p_bar * p')) / d``.
+"""
+import triton
+import triton.language as tl
+
+CLAMP = -1e5  # the log-domain convention's floor: w = max(x, -1e5)
+
+
+@triton.jit
+def _safe(d):
+    """``d``, with 0 replaced by 1: a zero denominator (an all-zero row or column: padding, or eps = 0 in the
+    probability domain) divides by 1 instead."""
+    return tl.where(d == 0.0, 1.0, d)
+
+
+@triton.jit
+def _tile(pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Offsets of the program's (BM, NB, NB) tile and its masks: entries, rows (BM, NB, 1), columns (BM, 1, NB)."""
+    b = pid * BM + tl.arange(0, BM)[:, None, None]
+    i = tl.arange(0, NB)[None, :, None]
+    j = tl.arange(0, NB)[None, None, :]
+    rows = (b < B) & (i < N)
+    cols = (b < B) & (j < N)
+    offs = b.to(tl.int64) * (N * N) + i * N + j
+    return offs, rows & cols, rows, cols
+
+
+@triton.jit
+def _load(ptr, offs, valid, F64: tl.constexpr):
+    v = tl.load(ptr + offs, mask=valid, other=0.0)
+    if F64:
+        v = v.to(tl.float64)
+    else:
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
+def _norm_rows(W, valid):
+    """``W - logsumexp(W, last dim)`` on valid entries (0 elsewhere); valid entries are finite."""
+    mx = tl.max(tl.where(valid, W, float("-inf")), axis=2)[:, :, None]
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    s = tl.sum(tl.where(valid, tl.exp(W - mx), 0.0), axis=2)[:, :, None]
+    s = tl.where(s == 0.0, 1.0, s)
+    return tl.where(valid, W - mx - tl.log(s), 0.0)
+
+
+@triton.jit
+def _norm_cols(W, valid):
+    """``W - logsumexp(W, second-last dim)`` on valid entries (0 elsewhere)."""
+    mx = tl.max(tl.where(valid, W, float("-inf")), axis=1)[:, None, :]
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    s = tl.sum(tl.where(valid, tl.exp(W - mx), 0.0), axis=1)[:, None, :]
+    s = tl.where(s == 0.0, 1.0, s)
+    return tl.where(valid, W - mx - tl.log(s), 0.0)
+
+
+@triton.jit
+def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
+    """``L = max(x, -1e5) - rowmax`` (0 off the tile), ``K = exp(L)``, the clamp mask ``x >= -1e5`` and whether
+    this block must run the log-domain loop (some row's span of ``L`` exceeds ``RMAX``)."""
+    x = _load(x_ptr, offs, valid, F64)
+    xc = tl.maximum(x, CLAMP)
+    m = tl.max(tl.where(valid, xc, CLAMP), axis=2)[:, :, None]
+    L = tl.where(valid, xc - m, 0.0)
+    span = tl.max(tl.max(tl.max(-L, axis=2), axis=1), axis=0)
+    K = tl.where(valid, tl.exp(L), 0.0)
+    return L, K, valid & (x >= CLAMP), span > RMAX
+
+
+@triton.jit
+def _log_replay(L, K, k, use_log, valid, rows, cols):
+    """The normalised matrices of step ``k`` (1-based): ``S`` after its row step, ``Q`` after its column step."""
+    if use_log:
+        W = L
+        for _ in range(k - 1):
+            W = _norm_rows(W, valid)
+            W = _norm_cols(W, valid)
+        W = _norm_rows(W, valid)
+        S = tl.where(valid, tl.exp(W), 0.0)
+        W = _norm_cols(W, valid)
+        Q = tl.where(valid, tl.exp(W), 0.0)
+    else:
+        c = tl.where(cols, 1.0, 0.0).to(K.dtype)
+        for _ in range(k - 1):
+            r = tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
+            c = tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
+        r = tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
+        S = K * r * c
+        c = tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
+        Q = K * r * c
+    return S, Q
+
+
+@triton.jit
+def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                       F64: tl.constexpr, RMAX: tl.constexpr):
+    pid = tl.program_id(0)
+    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    S, Q = _log_replay(L, K, ITERS, use_log, valid, rows, cols)
+    tl.store(out_ptr + offs, Q.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                        F64: tl.constexpr, RMAX: tl.constexpr):
+    pid = tl.program_id(0)
+    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    S, Q = _log_replay(L, K, ITERS, use_log, valid, rows, cols)
+    Wb = _load(grad_ptr, offs, valid, F64) * Q
+    Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
+    Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+    for t in range(1, ITERS):
+        S, Q = _log_replay(L, K, ITERS - t, use_log, valid, rows, cols)
+        Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
+        Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+    tl.store(gx_ptr + offs, tl.where(keep, Wb, 0.0).to(gx_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _prob_prepare(x_ptr, offs, valid, eps, F64: tl.constexpr):
+    """``s = softmax(x, last dim)`` (an all -inf row gives 1/n) and ``p0 = s + eps``, 0 off the tile."""
+    x = _load(x_ptr, offs, valid, F64)
+    m = tl.max(tl.where(valid, x, float("-inf")), axis=2)[:, :, None]
+    z = tl.where(m == float("-inf"), 0.0, x - tl.where(m == float("-inf"), 0.0, m))
+    e = tl.where(valid, tl.exp(z), 0.0)
+    s = e / tl.where(valid, tl.sum(e, axis=2)[:, :, None], 1.0)
+    return s, tl.where(valid, s + eps, 0.0), m == float("-inf")
+
+
+@triton.jit
+def _prob_replay(p0, k, eps, rows, cols):
+    """Step ``k`` (1-based) of the probability loop as scalings of ``p0``: the matrix after its row step and its
+    row denominators (step 1 has no row step), the matrix after its column step and its column denominators."""
+    r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
+    c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
+    dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
+    c = c / dc
+    cprev = c
+    dr = r * 0.0 + 1.0
+    for _ in range(k - 1):
+        cprev = c
+        dr = _safe(r * tl.sum(p0 * c, axis=2)[:, :, None] + eps)
+        r = r / dr
+        dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
+        c = c / dc
+    return r * p0 * cprev, dr, r * p0 * c, dc
+
+
+@triton.jit
+def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                        F64: tl.constexpr):
+    pid = tl.program_id(0)
+    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    Prow, dr, P, dc = _prob_replay(p0, ITERS, eps, rows, cols)
+    tl.store(out_ptr + offs, P.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr,
+                         BM: tl.constexpr, F64: tl.constexpr):
+    pid = tl.program_id(0)
+    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    Pb = _load(grad_ptr, offs, valid, F64)
+    for t in range(0, ITERS - 1):
+        Prow, dr, Pcol, dc = _prob_replay(p0, ITERS - t, eps, rows, cols)
+        Pb = tl.where(valid, (Pb - tl.sum(Pb * Pcol, axis=1)[:, None, :]) / dc, 0.0)
+        Pb = (Pb - tl.sum(Pb * Prow, axis=2)[:, :, None]) / dr
+    Prow, dr, Pcol, dc = _prob_replay(p0, 1, eps, rows, cols)
+    Pb = tl.where(valid, (Pb - tl.sum(Pb * Pcol, axis=1)[:, None, :]) / dc, 0.0)
+    gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
+    tl.store(gx_ptr + offs, tl.where(flat, 0.0, gx).to(gx_ptr.dtype.element_ty), mask=valid)
