@@ -1,6 +1,6 @@
 """Shared benchmark machinery: timing, peak memory, hardware floors, a wall-clock guard, errors, reports.
 
-Used by every family's benchmark script (``benchmarks/<family>.py``). Conventions:
+Used by the runner of every family (``python -m benchmarks``) and by ``benchmarks/semicrf.py``. Conventions:
 
 - Times are medians in seconds. On CUDA each timed call is bracketed by CUDA events after warm-up, and the L2
   cache is flushed (a 256 MiB buffer is zeroed) before every timed call, as ``triton.testing.do_bench`` does,
@@ -12,7 +12,10 @@ Used by every family's benchmark script (``benchmarks/<family>.py``). Convention
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
+import os
 import math
 import platform
 import statistics
@@ -95,6 +98,7 @@ class Measurement:
     reps: int = 0
     peak_bytes: Optional[int] = None
     first_call_s: Optional[float] = None  # the first warm-up call, compilation included
+    times: list[float] = field(default_factory=list)  # every timed call, seconds
     result: Any = None
     warmup_result: Any = None
     notes: list[str] = field(default_factory=list)
@@ -120,8 +124,15 @@ class Timer:
         self.sync()
         return time.perf_counter() - start, out
 
-    def timed_call(self, fn: Callable[[], Any], track_peak: bool = False) -> tuple[float, Any, Optional[int]]:
-        """One timed call: (seconds, result, peak-memory delta in bytes if ``track_peak`` on CUDA, else None)."""
+    def timed_call(self, fn: Callable[..., Any], track_peak: bool = False,
+                   setup: Optional[Callable[[], Any]] = None) -> tuple[float, Any, Optional[int]]:
+        """One timed call: (seconds, result, peak-memory delta in bytes if ``track_peak`` on CUDA, else None).
+
+        With ``setup``, ``setup()`` runs untimed first (e.g. the forward whose backward is timed) and the timed call
+        is ``fn(setup())``; the peak delta is then measured from after the setup."""
+        if setup is not None:
+            state = setup()
+            fn = functools.partial(fn, state)
         if self.device.type != "cuda":
             seconds, out = self.wall(fn)
             return seconds, out, None
@@ -153,8 +164,10 @@ class Timer:
         min_reps: int = 3,
         max_reps: int = 200,
         slow_s: float = 2.0,
+        setup: Optional[Callable[[], Any]] = None,
     ) -> Measurement:
-        """Warm up, then time ``timed``; exceptions become the measurement's status.
+        """Warm up, then time ``timed`` (``timed(setup())`` with ``setup``, see ``timed_call``); exceptions become
+        the measurement's status.
 
         ``warmup`` runs the same work on a problem ``scale`` times smaller (compiles kernels, costs little), twice;
         the second call times ``scale`` estimate ``timed``. A call estimated to outlast the deadline is not made
@@ -177,11 +190,11 @@ class Timer:
                                 f"{max(deadline.remaining(), 0):.3g} s of the budget left")
                     return m
                 if scale > 1 and estimate < slow_s:
-                    self.wall(timed)
+                    self.wall(timed if setup is None else lambda: timed(setup()))
                 wanted = max_reps
                 while len(times) < wanted and (not times or deadline.remaining() > max(times)) \
                         and not (len(times) >= min_reps and sum(times) >= target_s):
-                    seconds, out, peak = self.timed_call(timed, track_peak=not times)
+                    seconds, out, peak = self.timed_call(timed, track_peak=not times, setup=setup)
                     if not times:
                         m.result, m.peak_bytes = out, peak
                     del out
@@ -194,6 +207,7 @@ class Timer:
             release_memory(self.device)
             return m
         m.reps = len(times)
+        m.times = times
         m.median_s = statistics.median(times)
         if m.reps < min_reps:
             m.notes.append(f"only {m.reps} timed call(s): wall-clock budget")
@@ -289,8 +303,8 @@ def rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def normwise_rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """||value - reference||_2 / ||reference||_2 in float64 (0 when both are zero)."""
-    v, r = value.double().cpu(), reference.double().cpu()
+    """||value - reference||_2 / ||reference||_2 in float64 (0 when both are zero), on ``value``'s device."""
+    v, r = value.double(), reference.double().to(value.device)
     diff, norm = float(torch.linalg.vector_norm(v - r)), float(torch.linalg.vector_norm(r))
     return diff / norm if norm > 0 else diff
 
@@ -312,12 +326,24 @@ def environment(device: torch.device, packages: Sequence[str] = ()) -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = "absent"
+    return {"device": {"type": device.type, "name": name}, "versions": versions, "commit": current_commit()}
+
+
+def current_commit() -> str:
+    """``SENTINEL_COMMIT`` when set (copies of the tree without git, e.g. on the GPU machine), else git's HEAD."""
+    if os.environ.get("SENTINEL_COMMIT"):
+        return os.environ["SENTINEL_COMMIT"]
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"device": {"type": device.type, "name": name}, "versions": versions, "commit": commit}
+        return "unknown"
+
+
+def blob_id(path: Path) -> str:
+    """The git blob id of a file's content (what ``git hash-object`` prints), computed without git."""
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------- reports

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))
 
-from common import (  # noqa: E402 - the repository root must be importable first
+from benchmarks.common import (  # noqa: E402 - the repository root must be importable first
     Deadline,
     Floors,
     Timer,
