@@ -5,10 +5,13 @@ with a message that names the argument and says what was expected.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
@@ -69,11 +72,12 @@ def choice(name: str, value: object, options: Sequence[str]) -> str:
 def lengths(name: str, x: object, batch: int, max_length: int, device: torch.device,
             checks: Optional["DataChecks"] = None) -> torch.Tensor:
     """Integer lengths (B,) with 1 <= L <= max_length, on ``device``. The range check reads the data: it joins
-    ``checks`` when given (one sync for all), else runs now."""
+    ``checks`` when given (one decision for all), else runs now. Returns ``x`` (clamped into range when the
+    checks are deferred to the device; see :class:`DataChecks`)."""
     x = tensor(name, x, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     shape(name, x, (batch,), "(B,)")
     pending = checks if checks is not None else DataChecks()
-    pending.in_range(name, x, 1, max_length)
+    x = pending.in_range(name, x, 1, max_length)
     if checks is None:
         pending.verify()
     return x
@@ -90,40 +94,137 @@ def finite(name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
 
 
 class DataChecks:
-    """Checks that read tensor values (finiteness, ranges), evaluated together with a single host sync.
+    """Checks that read tensor values (finiteness, ranges, caller-computed conditions), fused into one decision.
 
-    Each check queues a 0-d boolean computed on the tensor's device; :meth:`verify` fetches them all at once and,
-    for the first that failed, re-runs the detailed check that raises the named error.
+    Each check queues a 0-d boolean computed on the tensors' device (max/min reductions: no mask the size of the
+    input). What happens next is the host-sync policy (:func:`host_reads_allowed`, page ``guide/host-syncs.md``):
+
+    - **host mode** (eager calls on CPU tensors, or inside ``value_checks("sync")``): :meth:`verify` / :meth:`flag`
+      read every queued boolean with ONE host read and raise the named ``ValueError`` of the first failed check,
+      before any work is done;
+    - **device mode** (CUDA tensors by default, and always under ``torch.compile``, CUDA-graph capture, meta or
+      fake tensors and ``torch.func`` transforms): nothing is read on the host. :meth:`flag` returns the fused
+      0-d boolean for :func:`poison` (NaN outputs and NaN gradients when a check failed); :meth:`verify`, for
+      callers that cannot poison, hands it to ``torch._assert_async`` (an error at execution, never a number).
+      :meth:`in_range` then also returns its input clamped into range, so that no kernel indexes out of bounds.
+
+    A failed value check never becomes a wrong number in either mode.
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[torch.Tensor, Callable[[], None]]] = []
+        self._pending: list[tuple[torch.Tensor, Callable[[], None], str]] = []
+        self._host: Optional[bool] = None  # decided at the first queued check, from that tensor and the state
+
+    def _queue(self, x: torch.Tensor, ok: torch.Tensor, explain: Callable[[], None], what: str) -> None:
+        if self._host is None:
+            self._host = host_reads_allowed(x)
+        self._pending.append((ok, explain, what))
+
+    @property
+    def deferred(self) -> bool:
+        """True in device mode: the checks are not read on the host (see the class docstring)."""
+        return self._host is False
 
     def finite(self, name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
-        """Queue :func:`finite`. Reductions only (max and min propagate NaN), so no mask the size of ``x`` is
-        allocated."""
+        """Queue :func:`finite`: no NaN, no +inf (nor -inf unless ``allow_neg_inf``)."""
         if x.numel() == 0:
             return
-        high = x.amax()
-        ok = high < float("inf") if allow_neg_inf else torch.isfinite(high) & torch.isfinite(x.amin())
-        self._pending.append((ok, lambda: finite(name, x, allow_neg_inf=allow_neg_inf)))
+        if allow_neg_inf:
+            ok = x.amax() < float("inf")  # max propagates NaN
+        else:
+            low, high = torch.aminmax(x)
+            ok = (low > float("-inf")) & (high < float("inf"))
+        what = f"{name} contains NaN or {'+inf' if allow_neg_inf else 'inf'}"
+        self._queue(x, ok, lambda: finite(name, x, allow_neg_inf=allow_neg_inf), what)
 
-    def in_range(self, name: str, x: torch.Tensor, low: int, high: int) -> None:
-        """Queue ``low <= x <= high`` elementwise."""
+    def in_range(self, name: str, x: torch.Tensor, low: int, high: int) -> torch.Tensor:
+        """Queue ``low <= x <= high`` elementwise. Returns ``x``, or in device mode ``x`` clamped into the range
+        (use the returned tensor: kernels then never index out of bounds while the flag poisons the result)."""
         if x.numel() == 0:
-            return
+            return x
 
         def explain() -> None:
-            raise ValueError(f"{name} must lie in {low}..{high}, got min {int(x.min())}, max {int(x.max())}")
+            if int(x.min()) < low or int(x.max()) > high:
+                raise ValueError(f"{name} must lie in {low}..{high}, got min {int(x.min())}, max {int(x.max())}")
 
-        self._pending.append(((x.amin() >= low) & (x.amax() <= high), explain))
+        smallest, largest = torch.aminmax(x)
+        self._queue(x, (smallest >= low) & (largest <= high), explain, f"{name} outside {low}..{high}")
+        return x.clamp(low, high) if self.deferred else x
 
-    def verify(self) -> None:
-        """Raise the named error of the first failed check, if any."""
+    def expect(self, ok: torch.Tensor, message: Callable[[], str]) -> None:
+        """Queue a 0-d boolean ``ok`` the caller computed on the device; when it is False, raise
+        ``ValueError(message())`` (the message names the argument)."""
+
+        def explain() -> None:
+            raise ValueError(message())
+
+        self._queue(ok, ok, explain, "a condition on the argument values")
+
+    def flag(self) -> Optional[torch.Tensor]:
+        """Host mode: raise the named error of the first failed check (one host read) and return None. Device
+        mode: return the fused 0-d boolean (True when every check passed) for :func:`poison`. Clears the queue."""
         if not self._pending:
-            return
-        flags = torch.stack([ok.to(self._pending[0][0].device) for ok, _ in self._pending]).tolist()
-        for good, (_, explain) in zip(flags, self._pending):
+            return None
+        pending, self._pending = self._pending, []
+        if not self._host:
+            return torch.stack([ok.to(pending[0][0].device) for ok, _, _ in pending]).all()
+        flags = torch.stack([ok.to(pending[0][0].device) for ok, _, _ in pending]).tolist()
+        for good, (_, explain, _) in zip(flags, pending):
             if not good:
                 explain()
-        self._pending.clear()
+        return None
+
+    def verify(self) -> None:
+        """Host mode: raise the named error of the first failed check. Device mode (no host read): assert the
+        fused flag on the device (``torch._assert_async``), so that a failed check is an error at execution;
+        callers that can poison their outputs use :meth:`flag` instead."""
+        whats = [what for _, _, what in self._pending]
+        ok = self.flag()
+        if ok is not None:
+            torch._assert_async(ok, "a value check failed (one of: " + "; ".join(whats) + "); run the call eagerly "
+                                "on the CPU or inside provable_kernels.validate.value_checks('sync') for the named "
+                                "error")
+
+
+VALUE_CHECK_MODES = ("auto", "sync", "device")
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("_MODE", default="auto")
+
+
+@contextlib.contextmanager
+def value_checks(mode: str) -> Iterator[None]:
+    """Choose the host-sync policy of value checks inside the block: ``"auto"`` (default: host mode for CPU
+    tensors, device mode for CUDA ones), ``"sync"`` (host mode, i.e. named errors before any work, at the cost
+    of one host sync per call: a debugging switch for GPU training loops) or ``"device"`` (never a host read).
+    Under ``torch.compile``, CUDA-graph capture, meta/fake tensors and ``torch.func`` transforms the checks run
+    in device mode whatever the setting (a host read is impossible there)."""
+    choice("mode", mode, VALUE_CHECK_MODES)
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def host_reads_allowed(x: torch.Tensor) -> bool:
+    """Whether value checks on ``x`` are read on the host now (host mode of :class:`DataChecks`), decided from
+    the state at call time: never while compiling, capturing a CUDA graph, under ``torch.func`` transforms or for
+    meta/fake tensors; otherwise per :func:`value_checks`."""
+    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return False
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    mode = _MODE.get()
+    return mode == "sync" or (mode == "auto" and x.device.type == "cpu")
+
+
+def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when ``ok`` is None (the checks were read on the host); otherwise ``x * where(ok, 1, NaN)``:
+    the same values when every check passed, NaN values and NaN gradients (through the product) when one failed.
+    ``x`` must be a float tensor; ``ok`` a 0-d boolean from :meth:`DataChecks.flag`."""
+    if ok is None:
+        return x
+    if not x.is_floating_point():
+        raise TypeError(f"poison needs a float tensor, got {x.dtype}")
+    return x * torch.where(ok, 1.0, float("nan")).to(x.dtype)

@@ -1,0 +1,24 @@
+"""Segment reductions: sum, mean, max and min of the rows of ``x`` (N, ...) over sorted segments, forward and
+backward, deterministic, with first-occurrence ties.
+
+``segment_reduce(x, reduce, *, offsets=None, ids=None, num_segments=None, empty=0.0)`` -> (S, *x.shape[1:]).
+Segments are given by CSR ``offsets`` (S+1,) or by sorted ``ids`` (N,). Empty segments give ``empty`` for every
+reduction (mean included, never NaN) and receive no gradient. The gradient of max / min goes, whole, to the
+first row (lowest index) holding the extreme value, whatever the sign of the upstream gradient; NaN propagates
+to its segment and the first NaN is the arg. float32, float64, bfloat16 and float16; sums accumulate in float32
+(float64 for float64). The standalone adjoints ``segment_max_backward(grad_output, x, *, offsets=None,
+ids=None)`` and ``segment_min_backward`` recompute the arg and are bitwise equal to the autograd path.
+
+The Triton kernels cut the rows into equal row blocks whatever the segment lengths (a segmented scan per tile;
+segments spanning blocks are finished by a combine pass in row order), so many short segments and one segment
+of millions of rows both fill the GPU; no atomics, bitwise repeatable. Value checks (sortedness, ranges) cost
+one batch of device reductions and one host sync; the ids form without ``num_segments`` syncs once more.
+"""
+from provable_kernels.segment.dispatch import (
+    TREE,
+    segment_max_backward,
+    segment_min_backward,
+    segment_reduce,
+)
+
+__all__ = ["TREE", "segment_reduce", "segment_max_backward", "segment_min_backward"]

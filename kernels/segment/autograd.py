@@ -1,0 +1,60 @@
+"""The Triton segment kernels as torch custom ops, with their fake (meta) implementations and autograd.
+
+- ``provable_kernels::segment_forward(x2, csr, ids, reduce, empty, want_arg) -> (out, arg)``: ``x2`` (N, D),
+  ``csr`` (S+1,) offsets, ``ids`` (N,) or None; ``out`` (S, D) in x2.dtype; ``arg`` (S, D) int32 (the
+  first-occurrence row of max / min) when ``want_arg``, else (0,).
+- ``provable_kernels::segment_backward(grad, csr, ids, arg, reduce, rows) -> grad_x`` (rows, D).
+
+The autograd formula of ``segment_forward`` is ``segment_backward`` with the saved int32 ``arg`` (max / min) or
+none (sum / mean); ``arg`` itself is not differentiable. The standalone adjoints run the same two ops (forward
+with ``want_arg``, then backward), so they are bitwise equal to this autograd path. Shapes depend only on input
+shapes, so the ops work under ``torch.compile`` and CUDA-graph capture.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from provable_kernels.segment import triton_ops
+
+
+@torch.library.custom_op("provable_kernels::segment_forward", mutates_args=())
+def segment_forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: float,
+                    want_arg: bool) -> tuple[Tensor, Tensor]:
+    return triton_ops.forward(x2, csr, ids, reduce, empty, want_arg)
+
+
+@segment_forward.register_fake
+def _segment_forward_fake(x2, csr, ids, reduce, empty, want_arg):
+    S, D = csr.shape[0] - 1, x2.shape[1]
+    return x2.new_empty((S, D)), x2.new_empty((S, D) if want_arg else (0,), dtype=torch.int32)
+
+
+@torch.library.custom_op("provable_kernels::segment_backward", mutates_args=())
+def segment_backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Tensor, reduce: str,
+                     rows: int) -> Tensor:
+    return triton_ops.backward(grad, csr, ids, arg, reduce, rows)
+
+
+@segment_backward.register_fake
+def _segment_backward_fake(grad, csr, ids, arg, reduce, rows):
+    return grad.new_empty((rows, grad.shape[1]))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x2, csr, ids, reduce, _, want_arg = inputs
+    if reduce in ("max", "min") and not want_arg:
+        raise ValueError("want_arg must be True for a differentiable max / min (the backward reads arg)")
+    ctx.save_for_backward(csr, ids, output[1])
+    ctx.reduce, ctx.rows = reduce, x2.shape[0]
+
+
+def _backward(ctx, grad_out: Tensor, _grad_arg: Optional[Tensor]):
+    csr, ids, arg = ctx.saved_tensors
+    grad_x = segment_backward(grad_out.contiguous(), csr, ids, arg, ctx.reduce, ctx.rows)
+    return grad_x, None, None, None, None, None
+
+
+segment_forward.register_autograd(_backward, setup_context=_setup_context)

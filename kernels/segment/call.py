@@ -1,0 +1,129 @@
+"""The validated segment call every route receives, and its validation (naming the argument on error).
+
+Conventions (one, everywhere):
+
+- ``x`` (N, ...) float32 / float64 / bfloat16 / float16: rows are reduced over dim 0, trailing dims are independent
+  columns.
+- Exactly one index form: CSR ``offsets`` (S+1,) int32 / int64 with ``offsets[0] = 0``, ``offsets[-1] = N``,
+  non-decreasing; or sorted ``ids`` (N,) int32 / int64 with values in [0, num_segments). Without
+  ``num_segments`` the ids form reads S = ids[-1] + 1 from the device: one extra host sync.
+- Value checks (sortedness, ranges, offsets ending at N) run as one batch of device reductions read with one
+  host sync (:class:`provable_kernels.validate.DataChecks`).
+- ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from provable_kernels import validate
+
+REDUCTIONS = ("sum", "mean", "max", "min")
+X_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class SegmentCall:
+    """A validated call. ``op`` is ``reduce`` (segment_reduce) or ``adjoint`` (segment_max_backward /
+    segment_min_backward, with ``grad_output``)."""
+
+    op: str
+    x: torch.Tensor
+    reduce: str
+    offsets: Optional[torch.Tensor]
+    ids: Optional[torch.Tensor]
+    csr: torch.Tensor
+    num_segments: int
+    empty: float
+    use_triton: bool
+    grad_output: Optional[torch.Tensor] = None
+
+    @property
+    def rows(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def columns(self) -> int:
+        """D: the product of the trailing dims of ``x``."""
+        return math.prod(self.x.shape[1:])
+
+    @property
+    def form(self) -> str:
+        return "ids" if self.ids is not None else "offsets"
+
+
+def require_call(call: object, op: Optional[str] = None) -> SegmentCall:
+    """``call`` itself, after checking it is a :class:`SegmentCall` (of ``op`` when given): the guard every backend
+    function runs first."""
+    if not isinstance(call, SegmentCall):
+        raise TypeError(f"call must be a SegmentCall (built by provable_kernels.segment.call.make_call), "
+                        f"got {type(call).__name__}")
+    if op is not None and call.op != op:
+        raise ValueError(f"call.op must be {op!r} here, got {call.op!r}")
+    return call
+
+
+def _count(name: str, value: object) -> int:
+    try:
+        if isinstance(value, bool) or (isinstance(value, torch.Tensor) and
+                                       (value.is_floating_point() or value.dtype == torch.bool)):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:
+    """Validate every argument (naming it on error) and bundle them into a :class:`SegmentCall`."""
+    x = validate.tensor("x", x, dtypes=X_DTYPES)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least one dim (N, ...), got shape {tuple(x.shape)}")
+    reduce = validate.choice("reduce", reduce, REDUCTIONS)
+    if isinstance(empty, bool) or not isinstance(empty, (int, float)):
+        raise TypeError(f"empty must be a float, got {type(empty).__name__}")
+    if not isinstance(use_triton, bool):
+        raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+    if (offsets is None) == (ids is None):
+        raise ValueError("offsets and ids: give exactly one of them (CSR offsets or sorted ids), got "
+                         + ("both" if offsets is not None else "neither"))
+    N = x.shape[0]
+    checks = validate.DataChecks()
+    if offsets is not None:
+        offsets = validate.tensor("offsets", offsets, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
+        if offsets.numel() < 1:
+            raise ValueError("offsets must have shape (S+1,) with at least one entry, got shape (0,)")
+        S = offsets.numel() - 1
+        if num_segments is not None and _count("num_segments", num_segments) != S:
+            raise ValueError(f"num_segments must equal offsets.numel() - 1 = {S}, got {num_segments}")
+        checks.expect((offsets[0] == 0) & (offsets[-1] == N),
+                      lambda: f"offsets must start at 0 and end at N = {N}, got {int(offsets[0])} .. "
+                              f"{int(offsets[-1])}")
+        checks.expect(offsets.diff().amin() >= 0 if S else offsets[0] == 0,
+                      lambda: "offsets must be non-decreasing")
+        csr = offsets
+    else:
+        ids = validate.tensor("ids", ids, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
+        validate.shape("ids", ids, (N,), "(N,)")
+        if num_segments is None:
+            S = int(ids[-1]) + 1 if N else 0  # the documented host sync of the ids form without num_segments
+        else:
+            S = _count("num_segments", num_segments)
+        if N:
+            checks.expect((ids[0] >= 0) & (ids[-1] < S),
+                          lambda: f"ids must lie in [0, num_segments = {S}), got {int(ids[0])} .. {int(ids[-1])}")
+            checks.expect(ids.diff().amin() >= 0 if N > 1 else ids[0] == ids[0],
+                          lambda: "ids must be sorted (non-decreasing)")
+        csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))
+    if grad_output is not None:
+        grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
+        validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
+    checks.verify()
+    return SegmentCall(op, x, reduce, offsets, ids, csr, S, float(empty), use_triton, grad_output)

@@ -1,0 +1,198 @@
+"""Segment-reduction dispatch: conditions, route bodies, the decision tree (data) and the public entry points.
+
+Conventions are in :mod:`provable_kernels.segment.call`. The tree asks, in order: which entry point (``reduce``:
+segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction, whether a
+gradient is wanted, the index form and, for Triton, the shape regime (one row block, or row blocks with a
+combine pass for segments that span blocks).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
+from provable_kernels.segment import torch_ops, triton_ops
+from provable_kernels.segment.autograd import segment_backward, segment_forward
+from provable_kernels.segment.call import REDUCTIONS, SegmentCall, make_call, require_call
+
+INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
+
+
+# ----------------------------------------------------------------------------------------------- conditions
+
+
+def ask_op(call: SegmentCall) -> str:
+    """Which entry point: ``reduce`` (segment_reduce) or ``adjoint`` (segment_max_backward /
+    segment_min_backward)."""
+    return call.op
+
+
+def ask_backend(call: SegmentCall) -> str:
+    """``triton`` when the caller allows it (use_triton=True), Triton can run on the device of ``x`` (CUDA, or CPU
+    under TRITON_INTERPRET=1) and rows and segments fit int32 indices (N, S < 2**31); otherwise ``torch``."""
+    small = call.rows < INDEX_LIMIT and call.num_segments < INDEX_LIMIT
+    return "triton" if call.use_triton and small and triton_usable(call.x.device) else "torch"
+
+
+def ask_reduce(call: SegmentCall) -> str:
+    """The reduction requested: ``sum``, ``mean``, ``max`` or ``min``."""
+    return call.reduce
+
+
+def ask_extreme(call: SegmentCall) -> str:
+    """Which adjoint: ``max`` (segment_max_backward) or ``min`` (segment_min_backward)."""
+    return call.reduce
+
+
+def ask_grad(call: SegmentCall) -> str:
+    """``train`` when autograd is on and ``x`` requires a gradient, else ``infer``."""
+    return "train" if torch.is_grad_enabled() and call.x.requires_grad else "infer"
+
+
+def ask_index(call: SegmentCall) -> str:
+    """The index form the caller gave: ``offsets`` (CSR) or ``ids`` (sorted segment id per row)."""
+    return call.form
+
+
+def ask_rows(call: SegmentCall) -> str:
+    """``one_block`` when every row fits one row block of the Triton plan (N <= plan(N, D).rows: one pass, no
+    workspace), else ``blocked`` (row blocks; segments spanning blocks are finished by a combine pass that reads
+    their pieces in row order)."""
+    return "one_block" if triton_ops.one_block(call.rows, call.columns) else "blocked"
+
+
+OP = Condition("op", ask_op, ("reduce", "adjoint"))
+BACKEND = Condition("backend", ask_backend, ("triton", "torch"))
+REDUCE = Condition("reduce", ask_reduce, REDUCTIONS)
+EXTREME = Condition("extreme", ask_extreme, ("max", "min"))
+GRAD = Condition("grad", ask_grad, ("infer", "train"))
+INDEX = Condition("index", ask_index, ("offsets", "ids"))
+ROWS = Condition("rows", ask_rows, ("one_block", "blocked"))
+
+
+# ------------------------------------------------------------------------------------------------ route bodies
+
+
+def _shape(call: SegmentCall, out: torch.Tensor) -> torch.Tensor:
+    return out.reshape(call.num_segments, *call.x.shape[1:])
+
+
+def _x2(call: SegmentCall) -> torch.Tensor:
+    return call.x.reshape(call.rows, call.columns)
+
+
+def triton_infer(call: SegmentCall) -> torch.Tensor:
+    """Triton forward kernel (row blocks, segmented scan per tile), no arg saved, no autograd graph."""
+    call = require_call(call, "reduce")
+    out, _ = segment_forward(_x2(call), call.csr, call.ids, call.reduce, call.empty, False)
+    return _shape(call, out)
+
+
+def triton_train(call: SegmentCall) -> torch.Tensor:
+    """Triton forward as a custom op whose autograd runs the Triton backward kernel; max / min save the int32
+    first-occurrence arg (S, D) for it."""
+    call = require_call(call, "reduce")
+    out, _ = segment_forward(_x2(call), call.csr, call.ids, call.reduce, call.empty,
+                             call.reduce in ("max", "min"))
+    return _shape(call, out)
+
+
+def triton_adjoint(call: SegmentCall) -> torch.Tensor:
+    """Triton forward recomputing the first-occurrence arg (nothing saved by the caller), then the Triton backward
+    kernel: the same two custom ops as the autograd path, so bitwise equal to it."""
+    call = require_call(call, "adjoint")
+    x2 = _x2(call).detach()
+    _, arg = segment_forward(x2, call.csr, call.ids, call.reduce, call.empty, True)
+    grad = call.grad_output.reshape(call.num_segments, call.columns).contiguous()
+    return segment_backward(grad, call.csr, call.ids, arg, call.reduce, call.rows).reshape(call.x.shape)
+
+
+def torch_reduce(call: SegmentCall) -> torch.Tensor:
+    """PyTorch backend (segment_reduce sums; first-occurrence gather for max / min); autograd when training."""
+    return _shape(call, torch_ops.segment_reduce(call))
+
+
+def torch_adjoint(call: SegmentCall) -> torch.Tensor:
+    """PyTorch backend: recompute the first-occurrence arg, scatter the upstream gradient there."""
+    return torch_ops.extreme_backward(call).reshape(call.x.shape)
+
+
+def _triton_reduce_subtree() -> Branch:
+    def leaves(reduce: str, grad: str, index: str) -> Branch:
+        body = triton_infer if grad == "infer" else triton_train
+        return Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.{grad}.{index}.{rows}", body)
+                             for rows in ROWS.outcomes})
+
+    return Branch(REDUCE, {
+        reduce: Branch(GRAD, {grad: Branch(INDEX, {index: leaves(reduce, grad, index) for index in INDEX.outcomes})
+                              for grad in GRAD.outcomes})
+        for reduce in REDUCTIONS})
+
+
+TREE = Tree(
+    "segment",
+    Branch(OP, {
+        "reduce": Branch(BACKEND, {
+            "triton": _triton_reduce_subtree(),
+            "torch": Branch(REDUCE, {
+                reduce: Branch(GRAD, {grad: Route(f"segment.torch.{reduce}.{grad}", torch_reduce)
+                                      for grad in GRAD.outcomes})
+                for reduce in REDUCTIONS}),
+        }),
+        "adjoint": Branch(BACKEND, {
+            "triton": Branch(EXTREME, {
+                extreme: Branch(INDEX, {index: Route(f"segment.triton.{extreme}_backward.{index}", triton_adjoint)
+                                        for index in INDEX.outcomes})
+                for extreme in EXTREME.outcomes}),
+            "torch": Branch(EXTREME, {extreme: Route(f"segment.torch.{extreme}_backward", torch_adjoint)
+                                      for extreme in EXTREME.outcomes}),
+        }),
+    }),
+)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def segment_reduce(
+    x: torch.Tensor,
+    reduce: str,
+    *,
+    offsets: Optional[torch.Tensor] = None,
+    ids: Optional[torch.Tensor] = None,
+    num_segments: Optional[int] = None,
+    empty: float = 0.0,
+    use_triton: bool = True,
+) -> torch.Tensor:
+    """Reduce the rows of ``x`` (N, ...) over sorted segments: (S, *x.shape[1:]) in ``x.dtype``.
+
+    ``reduce``: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``. Exactly one of ``offsets`` (CSR, (S+1,), starting
+    at 0, ending at N, non-decreasing) and ``ids`` (sorted, (N,), in [0, num_segments)); without
+    ``num_segments`` the ids form reads S = ids[-1] + 1 (one host sync). Empty segments give ``empty`` and no
+    gradient. max / min send the whole upstream gradient to the first row holding the extreme value, whatever
+    its sign; NaN propagates and the first NaN is the arg. Sums accumulate in float32 (float64 for float64).
+    Runs the Triton kernels when ``use_triton`` and Triton can run on the device, else PyTorch.
+    """
+    call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
+    return TREE.dispatch(call)
+
+
+def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
+    num_segments = grad_output.shape[0] if isinstance(grad_output, torch.Tensor) and grad_output.dim() else None
+    call = make_call("adjoint", x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output=grad_output)
+    return TREE.dispatch(call)
+
+
+def segment_max_backward(grad_output: torch.Tensor, x: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
+                         ids: Optional[torch.Tensor] = None, use_triton: bool = True) -> torch.Tensor:
+    """The gradient of ``segment_reduce(x, "max", ...)`` for upstream ``grad_output`` (S, *x.shape[1:]):
+    grad_x (N, ...) in x.dtype, recomputing the first-occurrence arg from ``x`` (nothing saved). S is
+    ``grad_output.shape[0]``. Bitwise equal to the autograd gradient of the same backend."""
+    return _adjoint("max", grad_output, x, offsets, ids, use_triton)
+
+
+def segment_min_backward(grad_output: torch.Tensor, x: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
+                         ids: Optional[torch.Tensor] = None, use_triton: bool = True) -> torch.Tensor:
+    """The gradient of ``segment_reduce(x, "min", ...)``; see :func:`segment_max_backward`."""
+    return _adjoint("min", grad_output, x, offsets, ids, use_triton)
