@@ -246,3 +246,14 @@ class KMax(Semiring):
         dims = sorted(d % x.dim() for d in _full_dims(dim))
         moved = x.movedim(dims, list(range(1, len(dims) + 1)))
         return self._top(moved.flatten(0, len(dims)))
+
+
+# Long names, as in torch-struct and the original library's documentation: ``SemiMarkov(LogSemiring)`` takes the
+# class itself as well as an instance (``KMaxSemiring`` needs ``k``: ``SemiMarkov(KMaxSemiring(3))``).
+LogSemiring = Log
+MaxSemiring = Max
+CountingSemiring = Counting
+EntropySemiring = Entropy
+CrossEntropySemiring = CrossEntropy
+KLDivergenceSemiring = KLDivergence
+KMaxSemiring = KMax
