@@ -2,7 +2,7 @@
 
 - ``provable_kernels::segment_forward(x2, csr, ids, reduce, empty, want_arg) -> (out, arg)``: ``x2`` (N, D),
   ``csr`` (S+1,) offsets, ``ids`` (N,) or None; ``out`` (S, D) in x2.dtype; ``arg`` (S, D) int32 (the
-  first-occurrence row of max / min) when ``want_arg``, else (0,).
+  first-occurrence row) for max / min when ``want_arg``, else (0,).
 - ``provable_kernels::segment_backward(grad, csr, ids, arg, reduce, rows) -> grad_x`` (rows, D).
 
 The autograd formula of ``segment_forward`` is ``segment_backward`` with the saved int32 ``arg`` (max / min) or
@@ -29,7 +29,8 @@ def segment_forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str,
 @segment_forward.register_fake
 def _segment_forward_fake(x2, csr, ids, reduce, empty, want_arg):
     S, D = csr.shape[0] - 1, x2.shape[1]
-    return x2.new_empty((S, D)), x2.new_empty((S, D) if want_arg else (0,), dtype=torch.int32)
+    with_arg = want_arg and reduce in ("max", "min")
+    return x2.new_empty((S, D)), x2.new_empty((S, D) if with_arg else (0,), dtype=torch.int32)
 
 
 @torch.library.custom_op("provable_kernels::segment_backward", mutates_args=())

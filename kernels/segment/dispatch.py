@@ -179,7 +179,8 @@ def segment_reduce(
 
 
 def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
-    num_segments = grad_output.shape[0] if isinstance(grad_output, torch.Tensor) and grad_output.dim() else None
+    sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
+    num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
     call = make_call("adjoint", x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output=grad_output)
     return TREE.dispatch(call)
 

@@ -58,7 +58,7 @@ def segment_reduce(call: SegmentCall) -> Tensor:
         if call.rows:
             value = x2.gather(0, arg.clamp(max=call.rows - 1))
         else:
-            value = torch.zeros(arg.shape, dtype=x2.dtype, device=x2.device)
+            value = x2.sum(0, keepdim=True).expand(arg.shape)  # no rows: every segment is empty
     return torch.where(counts > 0, value, fill)
 
 

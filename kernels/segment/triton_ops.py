@@ -3,7 +3,7 @@
 ``forward(x2, csr, ids, reduce, empty, want_arg) -> (out (S, D), arg)`` and
 ``backward(grad (S, D), csr, ids, arg, reduce, rows) -> grad_x (N, D)``, on a 2-D view ``x2`` (N, D) of ``x``
 (any strides). ``arg`` (S, D) int32 is the row of the first maximum (minimum) per (segment, column), written
-when ``want_arg`` (max / min); it is a (0,) placeholder otherwise. Every allocation goes through
+for max / min when ``want_arg`` (-1 for empty segments); it is a (0,) placeholder otherwise. Every allocation goes through
 :func:`provable_kernels.alloc.empty`.
 
 Plan (:func:`plan`, from the shapes only, so no host sync): row blocks of ``rows`` consecutive rows, about
@@ -89,6 +89,7 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
     N, D = x2.shape
     S = csr.numel() - 1
     device = x2.device
+    want_arg = want_arg and reduce in ("max", "min")
     out = alloc.empty((S, D), dtype=x2.dtype, device=device)
     arg = alloc.empty((S, D) if want_arg else (0,), dtype=torch.int32, device=device)
     if S == 0 or D == 0:
@@ -112,8 +113,8 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
                 BD=p.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=4)
     fill_d = min(triton.next_power_of_2(D), MAX_BLOCK_D)
     empty_value = torch.full((1,), empty, dtype=x2.dtype, device=device)
-    segment_fill_kernel[(triton.cdiv(S, FILL_SEGMENTS),)](csr, empty_value, out, S, D, BS=FILL_SEGMENTS, BD=fill_d,
-                                                          num_warps=4)
+    segment_fill_kernel[(triton.cdiv(S, FILL_SEGMENTS),)](csr, empty_value, out, arg, S, D, BS=FILL_SEGMENTS,
+                                                          BD=fill_d, STORE_ARG=want_arg, num_warps=4)
     return out, arg
 
 

@@ -61,7 +61,7 @@ def _scan_sum(sa, va, sb, vb):
 
 @triton.jit
 def _scan_max(sa, va, ia, sb, vb, ib):
-    keep = (sa == sb) & ~_beats(va, vb)
+    keep = (sa == sb) & ~((vb > va) | ((vb != vb) & (va == va)))  # _beats inlined (called per element)
     return sb, tl.where(keep, va, vb), tl.where(keep, ia, ib)
 
 
@@ -205,8 +205,10 @@ def segment_combine_kernel(
 
 
 @triton.jit
-def segment_fill_kernel(offsets_ptr, empty_ptr, out_ptr, S, D, BS: tl.constexpr, BD: tl.constexpr):
-    """Write ``empty[0]`` into every column of each empty segment (the only outputs the other kernels skip)."""
+def segment_fill_kernel(offsets_ptr, empty_ptr, out_ptr, arg_ptr, S, D, BS: tl.constexpr, BD: tl.constexpr,
+                        STORE_ARG: tl.constexpr):
+    """Write ``empty[0]`` (and arg -1) into every column of each empty segment (the only outputs the other kernels
+    skip)."""
     s = tl.program_id(0) * BS + tl.arange(0, BS)
     smask = s < S
     lo = tl.load(offsets_ptr + s, mask=smask, other=0)
@@ -215,8 +217,11 @@ def segment_fill_kernel(offsets_ptr, empty_ptr, out_ptr, S, D, BS: tl.constexpr,
     value = tl.zeros([BS, BD], out_ptr.dtype.element_ty) + tl.load(empty_ptr)
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
-        tl.store(out_ptr + s.to(tl.int64)[:, None] * D + cols[None, :], value,
-                 mask=hollow[:, None] & (cols < D)[None, :])
+        at = s.to(tl.int64)[:, None] * D + cols[None, :]
+        mask = hollow[:, None] & (cols < D)[None, :]
+        tl.store(out_ptr + at, value, mask=mask)
+        if STORE_ARG:
+            tl.store(arg_ptr + at, tl.full([BS, BD], -1, tl.int32), mask=mask)
 
 
 @triton.jit

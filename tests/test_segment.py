@@ -1,0 +1,224 @@
+"""Segment reductions: every backend against the independent float64 oracle, the adjoints, the custom ops, the
+conventions (ties, empty segments, NaN), bad inputs, and the peer defect of torch.segment_reduce."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from provable_kernels.alloc import poisoned
+from provable_kernels.dispatch import recording
+from provable_kernels.segment import oracle, segment_max_backward, segment_min_backward, segment_reduce
+from provable_kernels.segment.autograd import segment_backward, segment_forward
+
+REPO = Path(__file__).resolve().parent.parent
+LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: N > 16 rows per block
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def problem(lengths, D=3, dtype=torch.float32, integers=False, seed=0):
+    """x (N, D), the CSR offsets and the ids of ``lengths``."""
+    g = torch.Generator().manual_seed(seed)
+    N = sum(lengths)
+    x = (torch.randint(-2, 3, (N, D), generator=g).to(dtype) if integers
+         else torch.randn(N, D, generator=g, dtype=torch.float64).to(dtype))
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    return x, offsets, ids
+
+
+def index_kwargs(form, offsets, ids):
+    return {"offsets": offsets} if form == "offsets" else {"ids": ids, "num_segments": offsets.numel() - 1}
+
+
+def run(x, reduce, upstream, **kwargs):
+    """(value, grad_x) of segment_reduce through autograd, and the routes taken."""
+    leaf = x.detach().clone().requires_grad_()
+    with recording() as taken:
+        value = segment_reduce(leaf, reduce, **kwargs)
+    value.backward(upstream)
+    return value.detach(), leaf.grad, taken
+
+
+@pytest.mark.parametrize("regime", ["one_block", "blocked"])
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_triton_matches_oracle(reduce, form, regime):
+    x, offsets, ids = problem(LENGTHS[regime], integers=reduce in ("max", "min"))
+    upstream = torch.randn(offsets.numel() - 1, 3, generator=torch.Generator().manual_seed(1))
+    value, grad, taken = run(x, reduce, upstream, empty=-2.5, **index_kwargs(form, offsets, ids))
+    assert taken == [f"segment.triton.{reduce}.train.{form}.{regime}"]
+    bounds = offsets.tolist()
+    torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds, -2.5), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream), rtol=1e-6,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_dtypes_match_oracle(dtype, use_triton):
+    x, offsets, ids = problem(LENGTHS["blocked"], D=2, dtype=dtype)
+    for reduce in ("sum", "mean", "max", "min"):
+        upstream = torch.linspace(-1, 1, 2 * (offsets.numel() - 1)).reshape(-1, 2).to(dtype)
+        value, grad, _ = run(x, reduce, upstream, offsets=offsets, use_triton=use_triton)
+        assert value.dtype == dtype and grad.dtype == dtype
+        tol = TOL[dtype]
+        bounds = offsets.tolist()
+        torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds), rtol=tol, atol=tol)
+        torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream), rtol=tol,
+                                   atol=tol)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_torch_backend_matches_oracle(reduce):
+    x, offsets, ids = problem(LENGTHS["blocked"], integers=reduce in ("max", "min"), seed=3)
+    upstream = -torch.ones(offsets.numel() - 1, 3)
+    value, grad, taken = run(x, reduce, upstream, ids=ids, num_segments=offsets.numel() - 1, use_triton=False)
+    assert taken == [f"segment.torch.{reduce}.train"]
+    bounds = offsets.tolist()
+    torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream), rtol=1e-6,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_adjoint_bitwise_equals_autograd(reduce, form, use_triton):
+    x, offsets, ids = problem(LENGTHS["blocked"], integers=True, seed=5)
+    upstream = torch.randn(offsets.numel() - 1, 3, generator=torch.Generator().manual_seed(2))
+    _, grad, _ = run(x, reduce, upstream, use_triton=use_triton, **index_kwargs(form, offsets, ids))
+    adjoint = segment_max_backward if reduce == "max" else segment_min_backward
+    kwargs = {"offsets": offsets} if form == "offsets" else {"ids": ids}
+    with recording() as taken:
+        standalone = adjoint(upstream, x, use_triton=use_triton, **kwargs)
+    backend = "triton" if use_triton else "torch"
+    assert taken == [f"segment.{backend}.{reduce}_backward" + (f".{form}" if use_triton else "")]
+    assert torch.equal(standalone, grad)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_ties_go_to_first_occurrence(sign, use_triton):
+    x = torch.tensor([[2.0], [2.0], [1.0], [-3.0], [-3.0]])
+    offsets = torch.tensor([0, 3, 5])
+    upstream = torch.full((2, 1), sign)
+    _, grad_max, _ = run(x, "max", upstream, offsets=offsets, use_triton=use_triton)
+    _, grad_min, _ = run(x, "min", upstream, offsets=offsets, use_triton=use_triton)
+    assert grad_max.flatten().tolist() == [sign, 0.0, 0.0, sign, 0.0]
+    assert grad_min.flatten().tolist() == [0.0, 0.0, sign, sign, 0.0]
+
+
+def test_peer_defect_torch_segment_reduce_tie_gradient():
+    """torch.segment_reduce splits a tied max gradient only for a positive upstream gradient; with a negative one
+    every tied row receives the full gradient (the gradient sum is twice the upstream). Ours: the first row."""
+    x = torch.tensor([5.0, 5.0, 1.0])
+    lengths = torch.tensor([3])
+    for upstream, torch_expected in ((1.0, [0.5, 0.5, 0.0]), (-1.0, [-1.0, -1.0, 0.0])):
+        leaf = x.clone().requires_grad_()
+        torch.segment_reduce(leaf, "max", lengths=lengths).backward(torch.tensor([upstream]))
+        assert leaf.grad.tolist() == torch_expected
+        for use_triton in (True, False):
+            _, ours, _ = run(x[:, None], "max", torch.tensor([[upstream]]), offsets=torch.tensor([0, 3]),
+                             use_triton=use_triton)
+            assert ours.flatten().tolist() == [upstream, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_nan_inf_and_empty_segments(use_triton):
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 2.0], [nan, -inf], [nan, -inf], [5.0, inf], [-inf, -inf]])
+    offsets = torch.tensor([0, 3, 3, 4, 5])
+    for reduce in ("sum", "mean", "max", "min"):
+        upstream = -torch.ones(4, 2)
+        value, grad, _ = run(x, reduce, upstream, offsets=offsets, empty=-7.0, use_triton=use_triton)
+        bounds = offsets.tolist()
+        torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds, -7.0), equal_nan=True)
+        torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream))
+        assert value[1].tolist() == [-7.0, -7.0]  # the empty segment
+        assert torch.isnan(value[0, 0])  # NaN propagates
+    _, grad, _ = run(x, "max", -torch.ones(4, 2), offsets=offsets, use_triton=use_triton)
+    assert grad[:3, 0].tolist() == [0.0, -1.0, 0.0]  # the first NaN is the arg
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_no_rows_and_all_empty(use_triton):
+    for reduce in ("sum", "mean", "max", "min"):
+        x = torch.zeros(0, 3, requires_grad=True)
+        value = segment_reduce(x, reduce, offsets=torch.zeros(3, dtype=torch.int32), empty=1.5, use_triton=use_triton)
+        assert value.tolist() == [[1.5] * 3] * 2
+        value.sum().backward()
+        assert x.grad.shape == (0, 3)
+        assert segment_reduce(x, reduce, ids=torch.zeros(0, dtype=torch.int64), use_triton=use_triton).shape == (0, 3)
+
+
+def test_trailing_dims_strided_x_and_repeatability():
+    x, offsets, ids = problem(LENGTHS["blocked"], D=12, seed=7)
+    strided = x.reshape(-1, 3, 4).transpose(1, 2)[:, ::2]  # (N, 2, 3), not contiguous
+    S = offsets.numel() - 1
+    for reduce in ("sum", "max"):
+        first = segment_reduce(strided, reduce, ids=ids, num_segments=S)
+        assert first.shape == (S, 2, 3)
+        assert torch.equal(first, segment_reduce(strided.contiguous(), reduce, ids=ids, num_segments=S))
+        with poisoned():
+            assert torch.equal(first, segment_reduce(strided, reduce, ids=ids, num_segments=S))
+        torch.testing.assert_close(first.double(), oracle.segment_reduce(strided, reduce, offsets.tolist()),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_custom_ops_pass_opcheck():
+    x, offsets, ids = problem(LENGTHS["blocked"], D=2)
+    upstream = torch.randn(offsets.numel() - 1, 2)
+    for reduce in ("sum", "max"):
+        for index in (None, ids):
+            leaf = x.clone().requires_grad_()
+            torch.library.opcheck(segment_forward, (leaf, offsets, index, reduce, 0.0, True))
+            _, arg = segment_forward(x, offsets, index, reduce, 0.0, True)
+            torch.library.opcheck(segment_backward, (upstream, offsets, index, arg, reduce, x.shape[0]))
+
+
+BAD = [
+    ("x", TypeError, lambda x, o, i: dict(x=x.long(), reduce="sum", offsets=o)),
+    ("reduce", ValueError, lambda x, o, i: dict(x=x, reduce="prod", offsets=o)),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, ids=i)),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum")),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o.flip(0))),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o + 1)),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o[:-1])),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=torch.tensor([0, 9, 6, 12]))),
+    ("offsets", TypeError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o.float())),
+    ("offsets", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o.to("meta"))),
+    ("ids", ValueError, lambda x, o, i: dict(x=x, reduce="sum", ids=i.flip(0))),
+    ("ids", ValueError, lambda x, o, i: dict(x=x, reduce="sum", ids=i, num_segments=2)),
+    ("ids", ValueError, lambda x, o, i: dict(x=x, reduce="sum", ids=i - 1)),
+    ("ids", TypeError, lambda x, o, i: dict(x=x, reduce="sum", ids=i.to(torch.int16))),
+    ("num_segments", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, num_segments=7)),
+    ("empty", TypeError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, empty="zero")),
+    ("use_triton", TypeError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, use_triton=1)),
+]
+
+
+@pytest.mark.parametrize("argument, error, make", BAD, ids=[f"{a}-{n}" for n, (a, _, _) in enumerate(BAD)])
+def test_bad_inputs_name_the_argument(argument, error, make):
+    x, offsets, ids = problem([3, 0, 5, 4])
+    with pytest.raises(error, match=rf"^{argument}"):
+        segment_reduce(**make(x, offsets, ids))
+
+
+def test_adjoint_bad_grad_output():
+    x, offsets, ids = problem([3, 0, 5, 4])
+    with pytest.raises(ValueError, match="^grad_output"):
+        segment_max_backward(torch.zeros(3, 3), x, offsets=offsets)
+    with pytest.raises(TypeError, match="^grad_output"):
+        segment_min_backward(torch.zeros(4, 3, dtype=torch.float64), x, ids=ids)
+
+
+def test_guide_example_runs():
+    """The example of traces/guide/segment.md runs and its assertions hold."""
+    text = (REPO / "traces" / "guide" / "segment.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "the guide has no python example"
+    for block in blocks:
+        exec(compile(block, "segment.md", "exec"), {})
