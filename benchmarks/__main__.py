@@ -162,13 +162,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one family's failure must not cost the others their run
             print(f"[{family}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             code = 1
-    if args.archive:
-        with tarfile.open(args.archive, "w:gz") as tar:
-            for family in families:
-                if (args.out / family).exists():
-                    tar.add(args.out / family, arcname=family)
-        print(f"packed {args.archive}")
+        if args.archive:  # after every family, so a run killed later still leaves what it finished
+            pack(args.out, families, args.archive)
     return code
+
+
+def pack(out: Path, families: list[str], archive: Path) -> None:
+    """``archive`` (.tar.gz) holding ``out/<family>/`` of every family present, replaced atomically."""
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for family in families:
+            if (out / family).exists():
+                tar.add(out / family, arcname=family)
+    partial.replace(archive)
+    print(f"packed {archive}")
 
 
 if __name__ == "__main__":

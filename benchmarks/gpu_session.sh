@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU session, in two calls of the device tool (each under its 10-minute limit), `.whl` carried:
 #     bash benchmarks/gpu_session.sh verify   # sentinel verify --device cuda --record, GPU tests, precision check
-#     bash benchmarks/gpu_session.sh bench    # host/launch overhead breakdown, the benchmark against the peers
+#     bash benchmarks/gpu_session.sh bench    # every family's default benchmark grid and its analysis
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
 # duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
 # passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 300, TESTS_TIMEOUT 90,
-# CHECK_BUDGET 150, BENCH_BUDGET 480.
+# CHECK_BUDGET 150, BENCH_BUDGET 150 (seconds per family), BENCH_FAMILIES semicrf,sinkhorn,segment.
+# bench leaves $OUT/benchmarks.tar.gz (<family>/ folders: CSV, JSON, memory breakdown, plots/; the device tool
+# returns at most 8 files) and $OUT/session.log: tar xzf benchmarks.tar.gz -C benchmarks/results/.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -14,7 +16,8 @@ PHASE=${1:?usage: gpu_session.sh verify|bench}
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-300}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
-BENCH_BUDGET=${BENCH_BUDGET:-480}
+BENCH_BUDGET=${BENCH_BUDGET:-150}
+BENCH_FAMILIES=${BENCH_FAMILIES:-semicrf,sinkhorn,segment}
 GPU_TESTS="tests/test_semicrf_triton.py"  # test files whose kernels run on the GPU here
 LOG=$OUT/session.log
 CODES=$OUT/exit_codes.txt
@@ -47,10 +50,10 @@ if [ "$PHASE" = verify ]; then
   step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \
     --only correctness,precision --budget "$CHECK_BUDGET"
 else
-  step overhead timeout 120 python3 benchmarks/semicrf_overhead.py --out "$OUT/overhead"
-  # The benchmark keeps to its budget; the margin covers one slow call begun just before its deadline.
-  step benchmark timeout $(( BENCH_BUDGET + 45 )) python3 benchmarks/semicrf.py --device cuda --shapes all \
-    --out "$OUT/bench" --budget-s "$BENCH_BUDGET"
+  # Each family keeps to its budget; the margin covers imports, analysis and one slow call begun near a deadline.
+  nfam=$(echo "$BENCH_FAMILIES" | tr ',' '\n' | wc -l)
+  step benchmark timeout $(( nfam * (BENCH_BUDGET + 30) )) python3 -m benchmarks gpu --no-progress \
+    --families "$BENCH_FAMILIES" --out /tmp/bench --budget-s "$BENCH_BUDGET" --archive "$OUT/benchmarks.tar.gz"
 fi
 
 echo "=== exit codes" | tee -a "$LOG"

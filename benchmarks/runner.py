@@ -281,16 +281,19 @@ class Runner:
 
     # -- header
 
-    def sources(self) -> dict[str, str]:
-        """Git blob ids of the family's source files (``Family.source_files()``), for staleness checks."""
+    def sources(self) -> dict:
+        """``sources``: git blob ids of the family's source files (``Family.source_files()``), for staleness
+        checks; empty, with ``sources_note`` saying why, when the family is not registered."""
         try:
             from kernel_sentinel.family import REPO_ROOT
             from kernel_sentinel.registry import families
 
-            family = next(f for f in families() if f.name == self.adapter.name)
-            return {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}
-        except (ImportError, StopIteration) as exc:
-            return {"unavailable": f"{type(exc).__name__}: {exc}"}
+            family = next((f for f in families() if f.name == self.adapter.name), None)
+        except ImportError as exc:
+            return {"sources": {}, "sources_note": f"kernel_sentinel not importable: {exc}"}
+        if family is None:
+            return {"sources": {}, "sources_note": f"no family {self.adapter.name!r} in the sentinel registry"}
+        return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}}
 
     def make_header(self, configs: list[dict]) -> dict:
         floors = self.floors
@@ -299,7 +302,7 @@ class Runner:
             "title": self.adapter.title,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **environment(self.device, self.adapter.packages),
-            "sources": self.sources(),
+            **self.sources(),
             "settings": {"configs": [self.adapter.label(c) for c in configs],
                          "impls": [i.name for i in self.impls], "ours": [i.name for i in self.impls if i.ours],
                          "phases": self.phases, "seed": self.seed, "budget_s": self.deadline.budget_s,
@@ -471,7 +474,7 @@ class Runner:
                 if line is not None:
                     t = line.get("time_ms")
                     console.print(f"{line['config']} {line['impl']} {line['phase']}: {line['status']}"
-                                  + ("" if t is None else f" {t:.4g} ms"), highlight=False)
+                                  + ("" if t is None else f" {t:.4g} ms"), highlight=False, soft_wrap=True)
                 bar.advance(task, n)
 
             for config in configs:
