@@ -22,10 +22,11 @@ import torch
 from kernel_sentinel.oracles import semicrf as oracle
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-import common  # noqa: E402
-import semicrf as bench  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks import semicrf as bench  # noqa: E402
 
 CPU = torch.device("cpu")
 TINY = bench.Shape(2, 6, 3, 2)

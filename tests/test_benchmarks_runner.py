@@ -178,3 +178,20 @@ def test_command_line(tmp_path):
                 ["--family", "semicrf", "--T", "x"]):
         with pytest.raises(SystemExit):
             main(["run", "--device", "cpu", *bad])
+
+
+@pytest.mark.parametrize("semiring", ["Log", "Max"])
+@pytest.mark.parametrize("peer", ["flash-semicrf", "torch-struct"])
+def test_semicrf_peer_mappings_compute_our_model_in_both_semirings(peer, semiring):
+    """Each peer, fed the adapter's mapped inputs, returns our model's logZ (Log) or best score (Max): checked
+    against enumeration of every segmentation (kernel_sentinel.oracles.semicrf)."""
+    from kernel_sentinel.oracles import semicrf as oracle
+
+    adapter = adapters.load("semicrf")
+    config = {"B": 2, "T": 5, "K": 3, "C": 2, "semiring": semiring}
+    problem = adapter.build(config, CPU, 4).float64()
+    scored = oracle.all_scores(*problem.params, problem.lengths, config["K"])
+    want = oracle.log_partition(scored) if semiring == "Log" else [score for _, score in oracle.best(scored)]
+    prepared = adapter.impl(peer).prepare(problem, config)
+    got = prepared.call(*prepared.args)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=1e-10)
