@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-BIG = 2147483647  # larger than every row index and segment id (int32)
+BIG = tl.constexpr(2147483647)  # larger than every row index and segment id (int32)
 
 
 @triton.jit

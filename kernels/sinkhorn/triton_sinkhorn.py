@@ -19,7 +19,7 @@ Backward in matrix form: each normalisation ``w' = w - lse(w)`` has the adjoint 
 import triton
 import triton.language as tl
 
-CLAMP = -1e5  # the log-domain convention's floor: w = max(x, -1e5)
+CLAMP = tl.constexpr(-1e5)  # the log-domain convention's floor: w = max(x, -1e5)
 
 
 @triton.jit
