@@ -1,23 +1,28 @@
 """The one interface through which a kernel family registers with sentinel.
 
 A family is a :class:`Family` object exported as ``FAMILY`` from ``kernels/<name>/family.py``; sentinel finds it
-through :mod:`kernel_sentinel.registry` and never needs changing when a family is added. Everything sentinel says about
-a family (routes, checks, traces, gate) comes from this object and the code it points at.
+through :mod:`kernel_sentinel.registry` (the only importer of ``family.py`` modules) and never changes when a family
+is added. Everything sentinel says about a family (routes, checks, traces, gate) comes from this object and the
+code it points at. Generic helpers for writing one (weighted gradients, float64 copies, standard bad inputs, the
+finite-difference property) are in :mod:`kernel_sentinel.cases`; the site page "Adding a kernel family" walks
+through it.
 
 Declarative part (read by the trace generator): ``name``, ``package`` (its docstring is ``summary``), ``tree``,
-``invariants``, ``guards``, ``known_issues``, ``source_files()``.
+``entry_points``, ``invariants``, ``guards``, ``known_issues``, ``source_files()``.
 
-Executable part (run by :mod:`kernel_sentinel.verify`, one route at a time):
+Executable part (run by :mod:`kernel_sentinel.verify`, once per route and per dtype of ``dtypes``):
 
 - ``make_case(route_id, size=, dtype=, device=, seed=)`` builds a :class:`Case` whose inputs make the dispatcher
-  take that route; ``size`` is ``"small"`` (reference and exact backend) or ``"tiny"`` (brute force affordable).
+  take that route, with floating inputs in ``dtype``; ``size`` is ``"small"`` (reference and exact backend) or
+  ``"tiny"`` (brute force affordable; guards and bad inputs). Training routes set ``Case.upstream``.
 - ``run(case)`` calls the entry point with the case's arguments untouched (bad-input checks go through it too) and,
-  for training routes, backward; it returns named tensors: the outputs and every gradient. The verifier runs it
-  inside :func:`provable_kernels.dispatch.recording` and checks the route taken.
-- ``reference(case)`` returns the same names from the PyTorch reference run in float64.
-- ``oracles``: independent computations (exact backend, brute force), each returning some of those names.
+  for training routes, backward; it returns named tensors: the outputs and every gradient ``grad_<input>`` of
+  ``sum_k (case.upstream[k] * output_k).sum()`` (:func:`kernel_sentinel.cases.outputs_and_gradients`). The
+  verifier runs it inside :func:`provable_kernels.dispatch.recording` and checks the route taken.
+- ``reference(case)`` returns the same names from an independent float64 computation (the family's oracle module).
+- ``oracles``: more independent computations (exact backend, brute force), each returning some of those names.
 - ``properties``: hypothesis properties; ``adversarial``: guard inputs; ``bad_inputs``: one wrong argument each.
-- ``tolerances``: allowed error per input dtype, one table for the whole family; routes run in ``dtype``.
+- ``dtypes``: the input dtypes the family supports, each verified; ``tolerances``: allowed error per dtype.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import ast
 import dataclasses
 import fnmatch
 import inspect
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -88,13 +94,20 @@ class Guard:
 
 @dataclass(frozen=True)
 class Case:
-    """Inputs for one route: keyword arguments of ``entry`` plus family-private ``extra`` data (e.g. the upstream
-    gradient), and a replayable one-line ``description``."""
+    """Inputs for one route and a replayable one-line ``description``.
+
+    ``kwargs`` are the keyword arguments of the entry point named ``entry``. ``upstream`` is the weighted-gradient
+    contract of training routes: the weight per output name (a tensor shaped like that output), so that every
+    gradient a route reports is ``d/d input of sum_k (upstream[k] * output_k).sum()`` (empty: no gradients).
+    ``extra`` holds family-private data (e.g. the problem shape the case was built from) and nothing sentinel
+    reads.
+    """
 
     route_id: str
     entry: str
     kwargs: Mapping[str, Any]
     description: str
+    upstream: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def with_kwargs(self, description: str, **changes: Any) -> "Case":
@@ -114,17 +127,25 @@ class Oracle:
 
 @dataclass(frozen=True)
 class Property:
-    """A hypothesis property of the routes matching ``routes`` (fnmatch globs).
+    """A hypothesis property of the routes matching ``routes`` (fnmatch globs), run at the dtypes ``dtypes`` of the
+    family (empty: every dtype of the family).
 
     ``example()`` returns a hypothesis strategy of one example (keep it printable: it is shown shrunk on failure);
-    ``check(route_id, example, device)`` raises ``AssertionError`` when the property fails (use
-    :func:`kernel_sentinel.checks.expect_close` and :func:`kernel_sentinel.checks.expect`, which also report the error sizes).
+    ``check(route_id, example, device, dtype)`` raises ``AssertionError`` when the property fails (use
+    :func:`kernel_sentinel.checks.expect_close` and :func:`kernel_sentinel.checks.expect`, which also report the
+    error sizes); ``dtype`` is the dtype of the verify row (build the inputs in it and compare with
+    ``Family.tolerance(dtype)``). :func:`kernel_sentinel.cases.finite_difference_property` builds one.
     """
 
     name: str
     routes: tuple[str, ...]
     example: Callable[[], Any]
-    check: Callable[[str, Any, torch.device], None]
+    check: Callable[[str, Any, torch.device, torch.dtype], None]
+    dtypes: tuple[torch.dtype, ...] = ()
+
+    def runs_at(self, route_id: str, dtype: torch.dtype) -> bool:
+        """True when this property applies to ``route_id`` at ``dtype``."""
+        return matches(route_id, self.routes) and (not self.dtypes or dtype in self.dtypes)
 
 
 @dataclass(frozen=True)
@@ -145,7 +166,8 @@ class Adversarial:
 @dataclass(frozen=True)
 class BadInput:
     """One argument made wrong: ``make(case)`` returns the case with ``argument`` wrong; the call must raise
-    ``ValueError`` or ``TypeError`` whose message names ``argument``."""
+    ``ValueError`` or ``TypeError`` whose message starts with ``argument``. The tensor-argument ones every family
+    needs come from :func:`kernel_sentinel.cases.standard_bad_inputs`."""
 
     argument: str
     what: str
@@ -155,7 +177,8 @@ class BadInput:
 
 @dataclass
 class Family:
-    """A kernel family as sentinel sees it (see the module docstring for every field)."""
+    """A kernel family as sentinel sees it (see the module docstring for every field). ``dtypes`` lists the input
+    dtypes verified (each needs an entry in ``tolerances``)."""
 
     name: str
     package: ModuleType
@@ -172,25 +195,102 @@ class Family:
     invariants: Sequence[Invariant] = ()
     guards: Sequence[Guard] = ()
     known_issues: Sequence[str] = ()
-    dtype: torch.dtype = torch.float32
+    dtypes: Sequence[torch.dtype] = (torch.float32,)
+
+    def __post_init__(self) -> None:
+        missing = [d for d in self.dtypes if d not in self.tolerances]
+        if not self.dtypes or missing:
+            raise ValueError(f"family {self.name!r}: dtypes must be non-empty and each needs a tolerance; "
+                             f"no tolerance for {missing}")
 
     @property
     def summary(self) -> str:
         return inspect.cleandoc(self.package.__doc__ or "")
 
     def source_files(self) -> list[Path]:
-        """Every file whose change can change this family's behaviour: the family package and the shared
-        ``kernels`` modules it imports (paths relative to the repository root)."""
-        pkg_dir = Path(next(iter(self.package.__path__))).resolve()
-        files = sorted(pkg_dir.glob("*.py"))
-        shared = sorted(Path(REPO_ROOT, "kernels").glob("*.py"))
-        return [p.relative_to(REPO_ROOT) for p in shared + files]
+        """Every file whose change can change this family's behaviour: the ``.py`` files of the family package and
+        every module of the kernel library they import, transitively (import statements read with ``ast``, at
+        module top and inside functions; parent packages' ``__init__.py`` included). Sorted; paths relative to
+        the repository root (absolute for files outside it)."""
+        return sorted(_relative(p) for p in imported_files(self.package))
 
     def missing_tests(self) -> list[str]:
         """Node ids of declared invariants whose test does not exist."""
         return [inv.test for inv in self.invariants if not node_exists(inv.test)]
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        """The tolerance of ``dtype`` (``KeyError`` when the family declares none)."""
         if dtype not in self.tolerances:
             raise KeyError(f"family {self.name!r} declares no tolerance for {dtype}")
         return self.tolerances[dtype]
+
+
+# ------------------------------------------------------------------------------------------- source files
+
+KERNELS_PACKAGE = "provable_kernels"
+
+
+def _relative(path: Path) -> Path:
+    return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+
+
+def _package_dir(name: str) -> Optional[Path]:
+    """The directory of the imported package ``name`` (``None`` when it is not imported or not a package)."""
+    module = sys.modules.get(name)
+    paths = getattr(module, "__path__", None)
+    return Path(next(iter(paths))).resolve() if paths else None
+
+
+def _module_file(name: str, roots: Mapping[str, Path]) -> Optional[Path]:
+    """The file of module ``name`` when its top-level package is one of ``roots`` and the module exists."""
+    top, *rest = name.split(".")
+    if top not in roots:
+        return None
+    base = roots[top].joinpath(*rest)
+    for candidate in (base / "__init__.py", base.with_suffix(".py") if rest else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(file: Path, module: str) -> set[str]:
+    """Names of the modules (and of ``module.attribute`` candidates) that ``file`` (module ``module``) imports,
+    anywhere in the file; relative imports resolved."""
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def imported_files(package: ModuleType) -> set[Path]:
+    """The ``.py`` files of ``package`` and of every module of ``package``'s top-level package or of the kernel
+    library (``provable_kernels``) that they import, transitively, with the ``__init__.py`` of each enclosing
+    package (importing a module runs them)."""
+    pkg_dir = Path(next(iter(package.__path__))).resolve()
+    roots = {top: d for top in {package.__name__.split(".")[0], KERNELS_PACKAGE}
+             if (d := _package_dir(top)) is not None}
+    pending = [(f, f"{package.__name__}.{f.stem}" if f.name != "__init__.py" else package.__name__)
+               for f in sorted(pkg_dir.glob("*.py"))]
+    found: set[Path] = set()
+    while pending:
+        file, module = pending.pop()
+        if file in found:
+            continue
+        found.add(file)
+        parts = module.split(".")
+        wanted = _imported_names(file, module) | {".".join(parts[:i]) for i in range(1, len(parts))}
+        for name in wanted:
+            target = _module_file(name, roots)
+            if target is not None and target not in found:
+                pending.append((target, name))
+    return found

@@ -11,7 +11,7 @@ CI machines usually have no GPU, so the gate runs what a CPU can and demands a c
    its interpreter).
 3. **GPU record**: each affected family whose sources define Triton kernels needs a record from a CUDA device
    (``traces/verification/<family>-cuda-*.json``) whose git blob ids match the current sources, which covers
-   every route of the current tree, and whose routes all passed.
+   every route of the current tree at every dtype of the family, and whose rows all passed.
 4. **traces**: the check of ``sentinel trace --check`` (always: it is cheap, and a hand-edited trace must fail).
 
 A docs-only change affects no family: the gate checks the traces and nothing else. Every failure says what to
@@ -114,11 +114,16 @@ def record_problem(family: Family, record: dict[str, Any], current: dict[str, st
     changed = sorted(p for p in set(current) | set(record["sources"]) if record["sources"].get(p) != current.get(p))
     if changed:
         return f"{_listing(changed)} changed since the last GPU verification on {where}: {RECORD_HINT}"
-    by_id = {r["id"]: r["status"] for r in record["routes"]}
-    missing = [r.id for r in family.tree.routes() if r.id not in by_id]
+    by_row = {records.row_key(r): r["status"] for r in record["routes"]}
+    wanted = [(r.id, str(d).removeprefix("torch.")) for d in family.dtypes for r in family.tree.routes()]
+
+    def label(route_id: str, dtype: str) -> str:
+        return route_id if len(family.dtypes) == 1 else f"{route_id} ({dtype})"
+
+    missing = [label(*row) for row in wanted if row not in by_row]
     if missing:
         return f"the GPU record from {where} lacks routes {', '.join(missing)}: {RECORD_HINT}"
-    failed = [route_id for route_id, status in by_id.items() if status != "pass"]
+    failed = [label(*row) for row, status in by_row.items() if status != "pass"]
     if failed:
         return f"routes {', '.join(failed)} failed on {where}: fix them, then {RECORD_HINT}"
     return None

@@ -2,8 +2,10 @@
 
 A route result (also the route objects of the JSON report)::
 
-    {"id", "family", "status": "pass"|"fail",
+    {"id", "family", "dtype": "float32"|..., "status": "pass"|"fail",
      "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "detail", "repro"}]}
+
+A route runs once per input dtype of its family, so results are keyed by ``(id, dtype)`` (:func:`row_key`).
 
 Errors and tolerances are floats, or null where nothing was compared or the error is not finite.
 
@@ -67,11 +69,12 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class RouteResult:
-    """Every check of one route; the route passes when it has checks and all of them pass."""
+    """Every check of one route at one input dtype; it passes when it has checks and all of them pass."""
 
     id: str
     family: str
     checks: Sequence[CheckResult] = field(default_factory=tuple)
+    dtype: str = "float32"
 
     @property
     def passed(self) -> bool:
@@ -85,8 +88,14 @@ class RouteResult:
         return next(c for c in self.checks if c.name == name)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "family": self.family, "status": self.status,
+        return {"id": self.id, "family": self.family, "dtype": self.dtype, "status": self.status,
                 "checks": [c.as_dict() for c in self.checks]}
+
+
+def row_key(route: dict[str, Any]) -> tuple[str, str]:
+    """``(route id, dtype)`` of a route result as written in a record (records written before results had a
+    dtype verified float32 only)."""
+    return route["id"], route.get("dtype", "float32")
 
 
 # ----------------------------------------------------------------------------------------------------- git

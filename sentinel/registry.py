@@ -1,36 +1,59 @@
 """Family discovery: every ``kernels/<name>/family.py`` that exports ``FAMILY`` is a family.
 
-Adding a family means adding its package with a ``family.py``; nothing here changes.
+This module is the only importer of ``family.py`` modules (the library never imports its registrations, so
+importing a family imports neither sentinel nor hypothesis). Adding a family means adding its package with a
+``family.py``; nothing here changes. Families outside the kernel library (a plug-in, a test's toy family) are
+found in the directories listed in the environment variable ``SENTINEL_FAMILY_PATH`` (``os.pathsep``-separated):
+each ``<dir>/<name>/family.py`` there is imported as ``<name>.family`` with ``<dir>`` put on ``sys.path``.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 from kernel_sentinel.family import Family
+
+FAMILY_PATH_VARIABLE = "SENTINEL_FAMILY_PATH"
 
 
 class UnknownFamily(KeyError):
     """A family name that no ``family.py`` declares."""
 
 
-def families(package: str = "provable_kernels") -> list[Family]:
-    """The ``FAMILY`` of every ``<package>/<name>/family.py``, sorted by family name.
+def search_path() -> list[Path]:
+    """The extra directories named by ``SENTINEL_FAMILY_PATH`` (empty when unset)."""
+    return [Path(p) for p in os.environ.get(FAMILY_PATH_VARIABLE, "").split(os.pathsep) if p]
+
+
+def _family_modules(package: str, extra: Sequence[Path]) -> list[str]:
+    """Module names of every ``family.py``: ``<package>.<name>.family``, then ``<name>.family`` per extra dir."""
+    names = [f"{package}.{f.parent.name}.family"
+             for base in importlib.import_module(package).__path__ for f in sorted(Path(base).glob("*/family.py"))]
+    for directory in extra:
+        if str(directory) not in sys.path:
+            sys.path.insert(0, str(directory))
+        names += [f"{f.parent.name}.family" for f in sorted(Path(directory).glob("*/family.py"))]
+    return names
+
+
+def families(package: str = "provable_kernels", extra: Optional[Sequence[Path]] = None) -> list[Family]:
+    """The ``FAMILY`` of every ``<package>/<name>/family.py`` and of every family in ``extra`` (default:
+    :func:`search_path`), sorted by family name.
 
     Raises ``TypeError`` when a ``family.py`` lacks ``FAMILY`` or it is not a :class:`Family`, and ``ValueError``
     when two families share a name.
     """
-    root = importlib.import_module(package)
     found: dict[str, Family] = {}
-    for base in root.__path__:
-        for family_file in sorted(Path(base).glob("*/family.py")):
-            module_name = f"{package}.{family_file.parent.name}.family"
-            family = getattr(importlib.import_module(module_name), "FAMILY", None)
-            if not isinstance(family, Family):
-                raise TypeError(f"{module_name} must export FAMILY, a kernel_sentinel.family.Family")
-            if family.name in found:
-                raise ValueError(f"two families are named {family.name!r}")
-            found[family.name] = family
+    for module_name in _family_modules(package, search_path() if extra is None else extra):
+        family = getattr(importlib.import_module(module_name), "FAMILY", None)
+        if not isinstance(family, Family):
+            raise TypeError(f"{module_name} must export FAMILY, a kernel_sentinel.family.Family")
+        if family.name in found:
+            raise ValueError(f"two families are named {family.name!r}")
+        found[family.name] = family
     return [found[name] for name in sorted(found)]
 
 
@@ -45,3 +68,8 @@ def select(names: list[str] | None, package: str = "provable_kernels") -> list[F
     if unknown:
         raise UnknownFamily(f"unknown family {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}")
     return [f for f in every if f.name in names]
+
+
+def family(name: str) -> Family:
+    """The registered family called ``name`` (:class:`UnknownFamily` when none is)."""
+    return select([name])[0]

@@ -2,9 +2,9 @@
 report and JUnit XML.
 
 JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see kernel_sentinel.records>]}``, plus
-``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route
-and check (``classname`` = route id, ``name`` = check), and one failing ``testcase`` per problem (``classname``
-``sentinel.problems``), so that the JUnit file fails whenever the exit code does.
+``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route,
+dtype and check (``classname`` = route id, ``name`` = ``check[dtype]``), and one failing ``testcase`` per problem
+(``classname`` ``sentinel.problems``), so that the JUnit file fails whenever the exit code does.
 """
 from __future__ import annotations
 
@@ -21,19 +21,21 @@ from kernel_sentinel import console
 from kernel_sentinel.records import CheckResult, RouteResult, dumps
 
 
-def run_with_progress(selected: Sequence[tuple[Any, str]], options: Any, verify_route: Callable[..., RouteResult],
-                      checks: Sequence[str]) -> list[RouteResult]:
-    """``verify_route(family, route_id, options, progress)`` for each selected route, with a progress bar on stderr
-    that advances once per check."""
+def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
+                      verify_route: Callable[..., RouteResult], checks: Sequence[str]) -> list[RouteResult]:
+    """``verify_route(family, route_id, options, progress, dtype)`` for each selected ``(family, route id, dtype)``,
+    with a progress bar on stderr that advances once per check."""
     results = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console.err) as progress:
         task = progress.add_task("verify", total=len(selected) * len(checks))
-        for i, (family, route_id) in enumerate(selected):
-            def step(check: str, route_id: str = route_id, done: int = i * len(checks)) -> None:
-                progress.update(task, completed=done + checks.index(check), description=f"{route_id} {check}")
+        for i, (family, route_id, dtype) in enumerate(selected):
+            label = f"{route_id} {str(dtype).removeprefix('torch.')}"
 
-            results.append(verify_route(family, route_id, options, step))
+            def step(check: str, label: str = label, done: int = i * len(checks)) -> None:
+                progress.update(task, completed=done + checks.index(check), description=f"{label} {check}")
+
+            results.append(verify_route(family, route_id, options, step, dtype))
         progress.update(task, completed=len(selected) * len(checks), description="verify")
     return results
 
@@ -55,9 +57,10 @@ def _find(result: RouteResult, name: str) -> Optional[CheckResult]:
 
 
 def results_table(results: Sequence[RouteResult]) -> Table:
-    """One row per route: checks passed, max abs/rel error vs reference and vs exact, tolerance, status."""
+    """One row per route and dtype: checks passed, max abs/rel error vs reference and vs exact, tolerance, status."""
     table = Table(title="sentinel verify", show_lines=False)
     table.add_column("route", no_wrap=True)
+    table.add_column("dtype")
     table.add_column("checks")
     table.add_column("vs reference (abs / rel)", justify="right")
     table.add_column("vs exact (abs / rel)", justify="right")
@@ -69,7 +72,7 @@ def results_table(results: Sequence[RouteResult]) -> Table:
         checks = f"{passed}/{len(r.checks)}" + (f" failed: {', '.join(failed)}" if failed else "")
         reference = _find(r, "reference")
         status = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
-        table.add_row(r.id, checks, _error_cell(reference), _error_cell(_find(r, "exact")),
+        table.add_row(r.id, r.dtype, checks, _error_cell(reference), _error_cell(_find(r, "exact")),
                       _tolerance_cell(reference), status)
     return table
 
@@ -82,15 +85,17 @@ def print_results(results: Sequence[RouteResult], problems: Sequence[str], elaps
     for r in results:
         for c in r.checks:
             if not c.passed:
-                out.print(f"[bold red]FAIL[/] {escape(r.id)} [bold]{c.name}[/]: {escape(c.detail)}", soft_wrap=True)
+                out.print(f"[bold red]FAIL[/] {escape(r.id)} [bold]{c.name}[/] at {r.dtype}: {escape(c.detail)}",
+                          soft_wrap=True)
                 out.print(f"     reproduce: {escape(c.repro)}", soft_wrap=True, highlight=False)
     for problem in problems:
         out.print(f"[bold red]FAIL[/] {escape(problem)}", soft_wrap=True)
     failed = sum(not r.passed for r in results)
     if not results:
         out.print("[bold red]no route ran[/]")
+    dtypes = ", ".join(dict.fromkeys(r.dtype for r in results))
     out.print(f"{len(results)} routes on {device['name']}: {len(results) - failed} passed, {failed} failed "
-              f"in {elapsed:.1f} s", highlight=False)
+              f"in {elapsed:.1f} s (one row per route and dtype: {dtypes or 'none'})", highlight=False)
 
 
 def json_report(results: Sequence[RouteResult], commit: str, device: dict[str, str],
@@ -143,9 +148,9 @@ def save_junit(path: Path, tree: ET.ElementTree) -> None:
 
 
 def junit_xml(results: Sequence[RouteResult], problems: Sequence[str] = ()) -> ET.ElementTree:
-    """One ``testcase`` per (route, check); a failing check carries its detail and repro. Each of ``problems``
+    """One ``testcase`` per (route, dtype, check); a failing check carries its detail and repro. Each of ``problems``
     (broken declarations, e.g. a missing invariant test) is one more failing ``testcase``."""
-    cases = [JUnitCase(r.id, c.name, c.passed, c.detail,
+    cases = [JUnitCase(r.id, f"{c.name}[{r.dtype}]", c.passed, c.detail,
                        c.detail if c.passed else f"{c.detail}\nreproduce: {c.repro}")
              for r in results for c in r.checks]
     cases += [JUnitCase(PROBLEMS_CLASS, p, False, p, p) for p in problems]

@@ -34,11 +34,13 @@ from rich.text import Text
 
 from provable_kernels.dispatch import Condition, Node, Path as TreePath, Route, Tree
 from kernel_sentinel.family import REPO_ROOT, Family
-from kernel_sentinel.records import blob_ids, git, head_commit, load_record
+from kernel_sentinel.records import blob_ids, git, head_commit, load_record, row_key
 from kernel_sentinel import registry
 
 TRACES_DIR = REPO_ROOT / "traces"
 RECORDS_DIR_NAME = "verification"
+GUIDE_DIR_NAME = "guide"  # hand-written site pages: never generated, checked or deleted
+KEPT_DIRS = (RECORDS_DIR_NAME, GUIDE_DIR_NAME)
 HISTORY_LIMIT = 20
 GROUP_DEPTH = 2
 DETAIL_LIMIT = 240  # characters of a failed check's detail shown in a trace (the record has it all)
@@ -383,22 +385,24 @@ def verification(doc: TraceDoc) -> str:
         link = doc.link(f"{RECORDS_DIR_NAME}/{record.file.name}")
         parts.append(f"### {cell(data['device']['name'])} (`{data['device']['type']}`)\n\n"
                      f"Record [`{record.file.name}`]({link}), commit `{short(data['commit'])}`, {versions}: {state}.")
-        by_id = {r["id"]: r for r in data["routes"]}
-        names = list(dict.fromkeys(c["name"] for route, _ in doc.route_paths() for c in by_id.get(route.id, {})
-                                   .get("checks", ())))
+        by_row = {row_key(r): r for r in data["routes"]}
+        declared = [str(d).removeprefix("torch.") for d in doc.family.dtypes]
+        dtypes = list(dict.fromkeys(declared + [dtype for _, dtype in by_row]))
+        keys = [(route.id, dtype) for dtype in dtypes for route, _ in doc.route_paths()]
+        names = list(dict.fromkeys(c["name"] for key in keys for c in by_row.get(key, {}).get("checks", ())))
         rows, failures = [], []
-        for route, _ in doc.route_paths():
-            result = by_id.get(route.id)
+        for route_id, dtype in keys:
+            result = by_row.get((route_id, dtype))
             if result is None:
-                rows.append([f"`{route.id}`", "not run"] + [""] * len(names))
+                rows.append([f"`{route_id}`", dtype, "not run"] + [""] * len(names))
                 continue
             checks = {c["name"]: c for c in result["checks"]}
-            rows.append([f"`{route.id}`", f"**{result['status']}**"] +
+            rows.append([f"`{route_id}`", dtype, f"**{result['status']}**"] +
                         [f"{checks[n]['status']}{error_text(checks[n])}" if n in checks else "" for n in names])
-            failures += [f"- `{route.id}` {c['name']}: {cell(clip(c.get('detail') or c['status']))}"
+            failures += [f"- `{route_id}` {dtype} {c['name']}: {cell(clip(c.get('detail') or c['status']))}"
                          + (f" — repro: `{c['repro']}`" if c.get("repro") else "")
                          for c in result["checks"] if c["status"] != "pass"]
-        parts.append(table(["route id", "status"] + names, rows))
+        parts.append(table(["route id", "dtype", "status"] + names, rows))
         if failures:
             parts.append("Failed checks:\n\n" + "\n".join(failures))
     return "\n\n".join(parts)
@@ -473,9 +477,10 @@ class Drift:
 
 
 def existing_documents(out: Path) -> dict[str, str]:
-    """Documents under ``out`` (verification records excluded), as ``{relative path: text}``."""
+    """Generated documents under ``out`` (verification records and the hand-written ``guide/`` pages excluded),
+    as ``{relative path: text}``."""
     return {p.relative_to(out).as_posix(): p.read_text() for p in sorted(out.rglob("*"))
-            if p.is_file() and p.relative_to(out).parts[0] != RECORDS_DIR_NAME}
+            if p.is_file() and p.relative_to(out).parts[0] not in KEPT_DIRS}
 
 
 def drift(docs: dict[str, str], out: Path) -> list[Drift]:
@@ -495,7 +500,8 @@ def drift(docs: dict[str, str], out: Path) -> list[Drift]:
 
 
 def write(docs: dict[str, str], out: Path) -> None:
-    """Write ``docs`` under ``out`` and delete documents it no longer generates (records are kept)."""
+    """Write ``docs`` under ``out`` and delete documents it no longer generates (records and guide pages are
+    kept)."""
     for item in drift(docs, out):
         target = out / item.path
         if item.kind == "extra":

@@ -1,10 +1,12 @@
 """``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
 
-For each route (a leaf of the family's dispatch tree) six checks run and are reported separately:
+For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
+selects some), six checks run and are reported separately, one row per route and dtype:
 
 - ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
   route id (a mis-dispatched or unreachable route fails; nothing is skipped).
-- ``reference``: outputs and every gradient against the family's PyTorch reference run in float64.
+- ``reference``: outputs and every gradient against the family's independent float64 reference, within the
+  family's tolerance for the row's dtype.
 - ``exact``: the same against each oracle (exact backend; brute force at tiny sizes).
 - ``properties``: the family's hypothesis properties for the route, seeded, shrinking to a minimal example.
 - ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
@@ -15,8 +17,8 @@ A check with nothing to do (no oracle, property, guard or bad input declared for
 
 Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, or when a
 family declares an invariant whose test does not exist; 2 on usage errors: an unknown family, a ``--route`` glob
-that matches no route, ``--record`` with ``--route`` (a record covers every route), ``--device cuda`` without a
-GPU.
+that matches no route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` or ``--dtype`` (a
+record covers every route at every dtype), ``--device cuda`` without a GPU.
 """
 from __future__ import annotations
 
@@ -55,11 +57,24 @@ class Options:
         """The case size to use where ``wanted`` is asked for (``--quick`` runs everything at ``tiny``)."""
         return "tiny" if self.quick else wanted
 
-    def repro(self, family: str, route_id: str) -> str:
-        """The command that reruns exactly this route's checks."""
+    def repro(self, family: str, route_id: str, dtype: torch.dtype) -> str:
+        """The command that reruns exactly this route's checks at ``dtype``."""
         quick = " --quick" if self.quick else ""
         return (f"sentinel verify --family {family} --route {route_id} --device {self.device.type} "
-                f"--seed {self.seed} --examples {self.examples}{quick}")
+                f"--seed {self.seed} --examples {self.examples}{quick} --dtype {dtype_name(dtype)}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    """The floating dtype named ``text`` (``float32``, ``float64``, ``bfloat16``, ``float16``)."""
+    dtype = getattr(torch, text, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise argparse.ArgumentTypeError(f"not a floating dtype: {text!r}")
+    return dtype
 
 
 def _error(exc: BaseException) -> str:
@@ -67,16 +82,18 @@ def _error(exc: BaseException) -> str:
 
 
 class RouteRun:
-    """One route's cases and outputs, each built and run once per size (a failure is kept and re-raised)."""
+    """One route at one dtype: its cases and outputs, each built and run once per size (a failure is kept and
+    re-raised)."""
 
-    def __init__(self, family: Family, route_id: str, options: Options):
-        self.family, self.route_id, self.options = family, route_id, options
+    def __init__(self, family: Family, route_id: str, options: Options, dtype: torch.dtype):
+        self.family, self.route_id, self.options, self.dtype = family, route_id, options, dtype
+        self.tolerance = family.tolerance(dtype)
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
 
     def case(self, size: str) -> Case:
         if size not in self._cases:
-            self._cases[size] = self.family.make_case(self.route_id, size=size, dtype=self.family.dtype,
+            self._cases[size] = self.family.make_case(self.route_id, size=size, dtype=self.dtype,
                                                       device=self.options.device, seed=self.options.seed)
         return self._cases[size]
 
@@ -131,24 +148,24 @@ def check_route(run: RouteRun, repro: str) -> CheckResult:
 
 def check_reference(run: RouteRun, repro: str) -> CheckResult:
     case = run.case(run.options.size("small"))
-    tol = run.family.tolerance(run.family.dtype)
     got = run.outputs(run.options.size("small"))
-    return _measured("reference", compare_outputs(got, run.family.reference(case), tol, "float64 reference"), repro)
+    want = run.family.reference(case)
+    return _measured("reference", compare_outputs(got, want, run.tolerance, "float64 reference"), repro)
 
 
 def check_exact(run: RouteRun, repro: str) -> CheckResult:
     if not run.family.oracles:
         return CheckResult("exact", False, "no oracle declared for the family", repro)
-    tol = run.family.tolerance(run.family.dtype)
     measurements: list[Measurement] = []
     for oracle in run.family.oracles:
         size = run.options.size(oracle.size)
         want = oracle.compute(run.case(size))
-        measurements += compare_outputs(run.outputs(size), want, tol, oracle.name)
+        measurements += compare_outputs(run.outputs(size), want, run.tolerance, oracle.name)
     return _measured("exact", measurements, repro)
 
 
-def falsify(prop: Property, route_id: str, options: Options) -> Optional[tuple[Any, BaseException]]:
+def falsify(prop: Property, route_id: str, options: Options,
+            dtype: torch.dtype) -> Optional[tuple[Any, BaseException]]:
     """Run ``prop`` under hypothesis (seeded, shrinking); ``None`` when it holds, else the minimal failing
     example and its error."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
@@ -157,7 +174,7 @@ def falsify(prop: Property, route_id: str, options: Options) -> Optional[tuple[A
 
     def body(example: Any) -> None:
         last["example"] = example
-        prop.check(route_id, example, options.device)
+        prop.check(route_id, example, options.device, dtype)
 
     test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
                     phases=(Phase.explicit, Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
@@ -170,13 +187,14 @@ def falsify(prop: Property, route_id: str, options: Options) -> Optional[tuple[A
 
 
 def check_properties(run: RouteRun, repro: str) -> CheckResult:
-    props = [p for p in run.family.properties if matches(run.route_id, p.routes)]
+    props = [p for p in run.family.properties if p.runs_at(run.route_id, run.dtype)]
     if not props:
-        return CheckResult("properties", False, "no property declared for this route", repro)
+        return CheckResult("properties", False, f"no property declared for this route at {dtype_name(run.dtype)}",
+                           repro)
     notes, held, measurements = [], [], []
     for prop in props:
         with measuring() as measured:
-            failure = falsify(prop, run.route_id, run.options)
+            failure = falsify(prop, run.route_id, run.options, run.dtype)
         measurements += measured
         if failure is None:
             held.append(prop.name)
@@ -257,10 +275,13 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
 
 
 def verify_route(family: Family, route_id: str, options: Options,
-                 progress: Callable[[str], None] = lambda check: None) -> RouteResult:
-    """Every check of one route; an exception inside a check fails that check only."""
-    run = RouteRun(family, route_id, options)
-    repro = options.repro(family.name, route_id)
+                 progress: Callable[[str], None] = lambda check: None,
+                 dtype: Optional[torch.dtype] = None) -> RouteResult:
+    """Every check of one route at ``dtype`` (default: the family's first dtype); an exception inside a check
+    fails that check only."""
+    dtype = family.dtypes[0] if dtype is None else dtype
+    run = RouteRun(family, route_id, options, dtype)
+    repro = options.repro(family.name, route_id, dtype)
     checks = []
     for name in options.checks:
         progress(name)
@@ -271,12 +292,20 @@ def verify_route(family: Family, route_id: str, options: Options,
             where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = f"{_error(exc)} (at {Path(where.filename).name}:{where.lineno})"
             checks.append(CheckResult(name, False, detail, repro))
-    return RouteResult(route_id, family.name, tuple(checks))
+    return RouteResult(route_id, family.name, tuple(checks), dtype_name(dtype))
 
 
 def select_routes(families: Sequence[Family], globs: Sequence[str]) -> list[tuple[Family, str]]:
     """``(family, route id)`` for every route matching one of ``globs`` (every route when empty), in tree order."""
     return [(f, r.id) for f in families for r in f.tree.routes() if not globs or matches(r.id, globs)]
+
+
+def select_rows(families: Sequence[Family], globs: Sequence[str],
+                dtypes: Sequence[torch.dtype] = ()) -> list[tuple[Family, str, torch.dtype]]:
+    """``(family, route id, dtype)``: each selected route (:func:`select_routes`) at each dtype of its family
+    that is in ``dtypes`` (every dtype of the family when empty); dtype-major within a family."""
+    return [(f, route_id, d) for f in families for d in f.dtypes if not dtypes or d in dtypes
+            for _, route_id in select_routes([f], globs)]
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
@@ -299,6 +328,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: all)")
     p.add_argument("--route", nargs="+", action="extend", metavar="GLOB",
                    help="only routes whose id matches one of these fnmatch globs, e.g. 'semicrf.torch.*'")
+    p.add_argument("--dtype", nargs="+", action="extend", type=parse_dtype, metavar="DTYPE",
+                   help="only these input dtypes, e.g. float32 (default: every dtype each family declares)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                    help="auto: cuda when available, else cpu (Triton routes then run under the Triton interpreter)")
     p.add_argument("--quick", action="store_true", help=f"tiny inputs only, {QUICK_EXAMPLES} examples per property")
@@ -319,19 +350,23 @@ def run(args: argparse.Namespace) -> int:
         device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
     except ValueError as exc:
         return console.usage_error(str(exc))
-    if args.record and args.route:
-        return console.usage_error("--record writes a record of every route of a family; drop --route")
+    if args.record and (args.route or args.dtype):
+        return console.usage_error("--record writes a record of every route of a family at every dtype; "
+                                   "drop --route / --dtype")
     if args.record and (args.quick or args.examples):
         return console.usage_error("--record needs the full default verification; drop --quick / --examples")
     try:
         families = registry.select(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
-    globs = args.route or []
-    selected = select_routes(families, globs)
+    globs, dtypes = args.route or [], args.dtype or []
+    selected = select_rows(families, globs, dtypes)
     unmatched = [g for g in globs if not select_routes(families, [g])]
     if unmatched:
         return console.usage_error(f"--route {' '.join(unmatched)} matches no route; see `sentinel routes`")
+    undeclared = [dtype_name(d) for d in dtypes if not select_rows(families, globs, [d])]
+    if undeclared:
+        return console.usage_error(f"--dtype {' '.join(undeclared)}: no selected family declares it")
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 

@@ -85,8 +85,8 @@ def toy_brute_force(case: Case) -> dict[str, torch.Tensor]:
     return {"value": torch.tensor([sum(r) for r in rows], dtype=torch.float64)}
 
 
-def check_sum_of_ones(route_id: str, n: int, device: torch.device) -> None:
-    case = toy_case(route_id, size="tiny", dtype=torch.float32, device=device, seed=0)
+def check_sum_of_ones(route_id: str, n: int, device: torch.device, dtype: torch.dtype) -> None:
+    case = toy_case(route_id, size="tiny", dtype=dtype, device=device, seed=0)
     case = case.with_kwargs(f"x ones (2, {n})", x=torch.ones(2, n, device=device, requires_grad=True))
     value = run_route(toy_run, case)["value"]
     expect_close("sum of ones", value, torch.full((2,), float(n)), Tolerance(1e-6, 1e-6))

@@ -124,7 +124,7 @@ def test_cli_switches_the_triton_interpreter_on_for_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-m", "kernel_sentinel", "verify", "--route", "semicrf.triton.max.infer", "--device", "cpu",
-         "--quick", "--examples", "1", "--json", str(tmp_path / "r.json")],
+         "--quick", "--examples", "1", "--dtype", "float32", "--json", str(tmp_path / "r.json")],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     (route,) = json.loads((tmp_path / "r.json").read_text())["routes"]

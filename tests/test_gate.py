@@ -106,8 +106,8 @@ def loop_sum(case: Case) -> dict[str, torch.Tensor]:
     return {"value": torch.tensor([sum(row) for row in case.kwargs["x"].double().tolist()], dtype=torch.float64)}
 
 
-def check_ones(route_id: str, n: int, device: torch.device) -> None:
-    case = make_case(route_id, size="tiny", dtype=torch.float32, device=device, seed=0)
+def check_ones(route_id: str, n: int, device: torch.device, dtype: torch.dtype) -> None:
+    case = make_case(route_id, size="tiny", dtype=dtype, device=device, seed=0)
     case = case.with_kwargs(f"x ones (2, {n})", x=torch.ones(2, n, device=device))
     expect_close("sum of ones", run_route(run, case)["value"], torch.full((2,), float(n)), TOLERANCE)
 

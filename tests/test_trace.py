@@ -166,9 +166,9 @@ def test_verification_results_per_device_and_staleness(toy_family, tmp_path) -> 
     assert "**stale**" in cuda and "`kernels/dispatch.py`" in cuda
     assert "(../verification/toy-cuda-h9.json)" in cuda
     for part in (cpu, cuda):
-        assert ("| `toy.fast` | **fail** | pass (abs 1.50e-07, rel 2.50e-08) | fail (abs 1.00e-02, rel 2.50e-08) |"
-                in part)
-        assert "| `toy.slow` | not run |" in part
+        assert ("| `toy.fast` | float32 | **fail** | pass (abs 1.50e-07, rel 2.50e-08) | fail (abs 1.00e-02, rel "
+                "2.50e-08) |" in part)  # a record without dtypes (older format) verified float32
+        assert "| `toy.slow` | float32 | not run |" in part
         assert "repro: `sentinel verify --route toy.fast --seed 3`" in part
 
 

@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from provable_kernels.semicrf import reference as torch_reference
-from provable_kernels.semicrf.family import FAMILY as SEMICRF
-from provable_kernels.semicrf.family import exact_backend
 from kernel_sentinel import records, registry, report
 from kernel_sentinel.checks import compare
 from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
 from kernel_sentinel.verify import CHECKS, Options, select_routes, verify_route
 
+SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
@@ -50,7 +49,8 @@ def test_planted_bug_fails_reference_exact_and_properties_with_minimal_example(t
     assert result.check("reference").max_abs == pytest.approx(1e-3 * float(x[:, 0].abs().max()), rel=1e-3)
     prop = result.check("properties")
     assert "minimal example: 1;" in prop.detail  # shrunk to the smallest row length
-    assert prop.repro == "sentinel verify --family toy --route toy.fast --device cpu --seed 0 --examples 3"
+    assert prop.repro == ("sentinel verify --family toy --route toy.fast --device cpu --seed 0 --examples 3 "
+                          "--dtype float32")
 
 
 def test_misdispatched_route_fails_route_check(toy_family):
@@ -161,7 +161,8 @@ def test_json_junit_and_record_formats(tmp_path, monkeypatch, toy_family):
     report.write_junit(tmp_path / "j.xml", results)
     cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
     failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
-    assert failed == [("toy.fast", "reference"), ("toy.fast", "exact"), ("toy.fast", "properties")]
+    assert failed == [("toy.fast", "reference[float32]"), ("toy.fast", "exact[float32]"),
+                      ("toy.fast", "properties[float32]")]
 
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path / "verification")
     path = records.save_record(records.make_record(family, device, results))
@@ -220,6 +221,7 @@ def test_semicrf_references_refuse_to_decode_a_tied_best_path():
     zeros = {n: torch.zeros_like(x) for n, x in case.kwargs.items()
              if isinstance(x, torch.Tensor) and x.is_floating_point()}
     tied = case.with_kwargs("all scores 0", **zeros)
+    exact_backend = next(o.compute for o in SEMICRF.oracles if o.name == "exact backend")
     for decode in (SEMICRF.reference, exact_backend):
         with pytest.raises(AssertionError, match="not a 0/1 indicator.*tied"):
             decode(tied)

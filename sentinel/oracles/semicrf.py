@@ -253,3 +253,100 @@ def brute_force_partition(cum_scores, transition, duration_bias, lengths, K: int
         totals = score.new_zeros(len(ys)).index_add(0, i, score)
         out.append(REDUCE[semiring](totals, 0))
     return torch.stack(out)
+
+
+# ---------------------------------------------------------------------- gradients, paths, linear chain
+
+
+def feature_gradients(scored, tensors: dict[str, torch.Tensor], weights: Sequence[float],
+                      semiring: str) -> dict[str, torch.Tensor]:
+    """``grad_<name>`` of ``sum_b weights[b] * result_b`` for each of ``tensors`` (float64, batched as the inputs;
+    present projections only), with ``result_b`` the logsumexp (``"log"``) or max (``"max"``) over
+    :func:`all_scores` ``scored``: the expectation of each segmentation's feature counts under the Gibbs
+    distribution, or the counts of the best segmentation (the first in enumeration order at a tie)."""
+    grads = {n: torch.zeros_like(x) for n, x in tensors.items()}
+    for b, items in enumerate(scored):
+        if semiring == "log":
+            probs = probabilities(items)
+        else:
+            top = max(range(len(items)), key=lambda i: items[i][1])
+            probs = [float(i == top) for i in range(len(items))]
+        for (segmentation, _), p in zip(items, probs):
+            _add_features(grads, b, segmentation, p * weights[b])
+    return {f"grad_{n}": g for n, g in grads.items()}
+
+
+def _add_features(grads: dict[str, torch.Tensor], b: int, segmentation: Segmentation, weight: float) -> None:
+    """Add ``weight`` times the derivative of the segmentation's score w.r.t. each input (its feature counts)."""
+    prev = None
+    for s, d, c in segmentation:
+        grads["cum_scores"][b, s + d, c] += weight
+        grads["cum_scores"][b, s, c] -= weight
+        grads["duration_bias"][d - 1, c] += weight
+        if "proj_start" in grads:
+            grads["proj_start"][b, s, c] += weight
+        if "proj_end" in grads:
+            grads["proj_end"][b, s + d - 1, c] += weight
+        if prev is not None:
+            trans = grads["transition"]
+            (trans[d - 1] if trans.dim() == 3 else trans)[prev, c] += weight
+        prev = c
+
+
+def path_tensors(segments: Sequence[Sequence[tuple[int, int, int]]], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``labels`` (B, T) int64 (-1 past the end) and ``starts`` (B, T) bool of ``(start, duration, label)``
+    segments per sequence."""
+    labels = torch.full((len(segments), T), -1, dtype=torch.int64)
+    starts = torch.zeros(len(segments), T, dtype=torch.bool)
+    for b, path in enumerate(segments):
+        for s, d, c in path:
+            labels[b, s : s + d], starts[b, s] = c, True
+    return labels, starts
+
+
+def indicator_ones(indicator: torch.Tensor, what: str) -> list[list[int]]:
+    """The indices of the 1s of a 0/1 tensor, in lexicographic order. A value neither 0 nor 1 raises
+    ``AssertionError``: the gradient of a max is split between exactly tied best segmentations, and no single
+    path can be read off."""
+    if not bool(((indicator == 0) | (indicator == 1)).all()):
+        raise AssertionError(f"{what}: not a 0/1 indicator (values {sorted(set(indicator.flatten().tolist()))[:6]});"
+                             f" the best segmentation is tied")
+    return (indicator == 1).nonzero().tolist()
+
+
+def segments_from_starts(starts: torch.Tensor, lengths: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+    """``(start, duration, label)`` per sequence from a (B, T, C) 0/1 indicator of each segment's (start, label)
+    (e.g. the gradient of the best score w.r.t. ``proj_start``): a segment runs to the next start, the last one
+    to the sequence's length."""
+    found: list[list[tuple[int, int]]] = [[] for _ in lengths]
+    for b, s, c in indicator_ones(starts, "d best / d proj_start"):
+        found[b].append((s, c))
+    return [[(s, end - s, c) for (s, c), end in zip(marks, [s for s, _ in marks[1:]] + [L])]
+            for marks, L in zip(found, lengths)]
+
+
+def segments_from_edge_indicator(indicator: torch.Tensor) -> list[list[tuple[int, int, int]]]:
+    """``(start, duration, label)`` per sequence of the segments marked in a (B, T, K, C, C) 0/1 edge indicator
+    (the Max-semiring marginals of the exact backend)."""
+    segments: list[list[tuple[int, int, int]]] = [[] for _ in range(indicator.shape[0])]
+    for b, s, d0, _, c in indicator_ones(indicator, "the Max marginals"):
+        segments[b].append((s, d0 + 1, c))
+    return segments
+
+
+def linear_chain(cum_scores, transition, duration_bias, lengths, semiring: str = "log", proj_start=None,
+                 proj_end=None) -> torch.Tensor:
+    """A linear-chain CRF (forward algorithm over per-position emissions), written independently of the
+    semi-CRF recursions: what K = 1 must equal. (B,) float64 on the CPU."""
+    reduce = REDUCE[semiring]
+    cum, trans, dur, ps, pe = (x.detach().cpu() for x in _float64_inputs(cum_scores, transition, duration_bias,
+                                                                           proj_start, proj_end))
+    trans = trans[0] if trans.dim() == 3 else trans
+    emit = cum[:, 1:] - cum[:, :-1] + dur[0] + ps + pe
+    out = []
+    for b, L in enumerate(torch.as_tensor(lengths).tolist()):
+        alpha = emit[b, 0]
+        for t in range(1, L):
+            alpha = reduce(alpha[:, None] + trans, 0) + emit[b, t]
+        out.append(reduce(alpha, 0))
+    return torch.stack(out)

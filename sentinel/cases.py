@@ -1,0 +1,185 @@
+"""Verification helpers every family needs, written once: use them in ``kernels/<family>/family.py``.
+
+- :func:`outputs_and_gradients` / :func:`weighted_gradients`: the weighted-gradient contract of
+  :class:`~kernel_sentinel.family.Case`: ``grad_<name>`` = gradient of ``sum_k (upstream[k] * output_k).sum()``
+  w.r.t. each tensor argument that requires grad.
+- :func:`float64_leaves` (same device, fresh leaves for autograd) and :func:`float64_cpu` (detached, for plain
+  Python oracles): the arguments of a case, copied in float64.
+- :func:`replace_argument` / :func:`transform_argument`: a new :class:`Case` with one argument replaced and the
+  change appended to its description (for adversarial inputs and bad inputs).
+- :func:`finite_difference_property`: a ready-made :class:`~kernel_sentinel.family.Property`: float64 central
+  differences of a route's weighted outputs against its reported gradients.
+- :func:`standard_bad_inputs`: the :class:`~kernel_sentinel.family.BadInput` list every tensor argument gets
+  (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected).
+
+Only tensors whose ``dtype`` is floating point are converted to float64 or differentiated; integer tensors
+(lengths, ids, offsets) and non-tensor arguments pass through unchanged.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from kernel_sentinel.checks import expect_close, run_route
+from kernel_sentinel.family import BadInput, Case, Outputs, Property, Tolerance
+
+FINITE_DIFFERENCE_STEP = 1e-5
+FINITE_DIFFERENCE_TOLERANCE = Tolerance(atol=1e-7, rtol=1e-6)  # central differences, h = 1e-5, in float64
+
+
+def float_tensors(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The floating-point tensor arguments of ``kwargs``, by name, in argument order."""
+    return {n: x for n, x in kwargs.items() if isinstance(x, torch.Tensor) and x.is_floating_point()}
+
+
+def weighted_gradients(outputs: Mapping[str, torch.Tensor], kwargs: Mapping[str, Any],
+                       upstream: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{"grad_<name>": d/d kwargs[name] of sum_k (upstream[k] * outputs[k]).sum()}`` for each floating tensor
+    argument that requires grad (empty when none does or ``upstream`` is empty). Weights are cast to each
+    output's dtype and device; an argument that the outputs do not depend on gets zeros."""
+    wanted = {n: x for n, x in float_tensors(kwargs).items() if x.requires_grad}
+    if not wanted or not upstream:
+        return {}
+    total = sum((outputs[k] * w.to(outputs[k].device, outputs[k].dtype)).sum() for k, w in upstream.items())
+    grads = torch.autograd.grad(total, list(wanted.values()), allow_unused=True)
+    return {f"grad_{n}": torch.zeros_like(x) if g is None else g for (n, x), g in zip(wanted.items(), grads)}
+
+
+def outputs_and_gradients(outputs: Mapping[str, torch.Tensor], case: Case,
+                          kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, torch.Tensor]:
+    """The outputs detached, plus :func:`weighted_gradients` w.r.t. ``kwargs`` (default ``case.kwargs``: pass the
+    :func:`float64_leaves` a reference computed from) with the weights ``case.upstream``."""
+    grads = weighted_gradients(outputs, case.kwargs if kwargs is None else kwargs, case.upstream)
+    return {**{k: v.detach() for k, v in outputs.items()}, **grads}
+
+
+def float64_leaves(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with every floating tensor replaced by a float64 copy on the same device: a fresh leaf that
+    requires grad when the original does."""
+    return {n: (x.detach().double().requires_grad_(x.requires_grad) if n in float_tensors(kwargs) else x)
+            for n, x in kwargs.items()}
+
+
+def float64_cpu(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with every tensor detached and on the CPU, floating ones in float64 (for plain-Python
+    oracles)."""
+    def copy(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        x = x.detach().cpu()
+        return x.double() if x.is_floating_point() else x
+
+    return {n: copy(x) for n, x in kwargs.items()}
+
+
+def replace_argument(case: Case, name: str, value: Any, what: str) -> Case:
+    """``case`` with argument ``name`` set to ``value``; the description gains ``"; <name>: <what>"``."""
+    if name not in case.kwargs:
+        raise KeyError(f"case of {case.route_id} has no argument {name!r}")
+    return case.with_kwargs(f"{case.description}; {name}: {what}", **{name: value})
+
+
+def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch.Tensor], what: str) -> Case:
+    """``case`` with tensor ``name`` replaced by ``fn(float64 copy)``, cast back to the original's dtype and
+    device, a leaf requiring grad like the original (e.g. ``lambda x: x.fill_(-math.inf)``)."""
+    x = case.kwargs[name]
+    values = fn(x.detach().double().clone()).to(x.device, x.dtype)
+    return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
+
+
+# ------------------------------------------------------------------------------------- finite differences
+
+
+def finite_difference_property(
+    routes: tuple[str, ...],
+    example: Callable[[], Any],
+    make_case: Callable[[str, Any, torch.device], Case],
+    run: Callable[[Case], Outputs],
+    forward: Optional[Callable[[Case], Outputs]] = None,
+    name: str = "gradients match finite differences (float64)",
+    tolerance: Tolerance = FINITE_DIFFERENCE_TOLERANCE,
+    step: float = FINITE_DIFFERENCE_STEP,
+) -> Property:
+    """A :class:`Property` (run in float64 rows only): for a random direction ``v`` over every floating tensor
+    argument that requires grad, ``<gradients, v>`` equals ``(f(x + h v) - f(x - h v)) / 2h`` with
+    ``f = sum_k (upstream[k] * output_k).sum()`` and ``h = step``.
+
+    ``make_case(route_id, example, device)`` builds a float64 case of the route (with ``upstream``) from one
+    example of the strategy ``example()``; ``run`` is ``Family.run`` (outputs and gradients); ``forward(case)``,
+    when given, computes the outputs without backward (faster). Every run must take the route under test.
+    """
+    def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
+        case = make_case(route_id, drawn, device)
+        out = run_route(run, case)
+        leaves = {n: x for n, x in float_tensors(case.kwargs).items() if x.requires_grad}
+        gen = torch.Generator().manual_seed(0)
+        direction = {n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device) for n, x in leaves.items()}
+
+        def f(h: float) -> torch.Tensor:
+            moved = {n: (x.detach() + h * direction[n]).requires_grad_(True) for n, x in leaves.items()}
+            outputs = run_route(forward or run, case.with_kwargs(case.description, **moved))
+            return sum((outputs[k].double() * w.to(outputs[k].device).double()).sum() for k, w in case.upstream.items())
+
+        numeric = (f(step) - f(-step)) / (2 * step)
+        analytic = sum((out[f"grad_{n}"].double() * v).sum() for n, v in direction.items())
+        expect_close("directional derivative vs finite differences", analytic, numeric, tolerance)
+
+    return Property(name, routes, example, check, dtypes=(torch.float64,))
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+
+def _wrong_rank(x: torch.Tensor) -> torch.Tensor:
+    """A 0-D tensor of ``x``'s dtype and device (every tensor argument of a batched kernel has rank >= 1)."""
+    return x.detach().new_zeros(())
+
+
+def _wrong_dtype(x: torch.Tensor) -> torch.Tensor:
+    """int64 for a floating tensor, float64 for an integer one."""
+    return x.detach().long() if x.is_floating_point() else x.detach().double()
+
+
+def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def put(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().clone()
+        x.view(-1)[x.numel() // 2] = value
+        return x
+
+    return put
+
+
+def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, other_device: Sequence[str] = (),
+                        rejects_nan: Sequence[str] = (), rejects_inf: Sequence[str] = ()) -> tuple[BadInput, ...]:
+    """The bad inputs every tensor argument gets, for the routes matching ``routes``; each expects a
+    ``ValueError``/``TypeError`` whose message starts with the argument's name:
+
+    - every name in ``tensors``: a (nested) list instead of the tensor; a 0-D tensor (wrong rank); int64 instead
+      of a floating tensor, float64 instead of an integer one (wrong dtype);
+    - every name in ``other_device``: the tensor on the ``meta`` device (meaningful for arguments that must be on
+      the device of another, which is validated first);
+    - ``rejects_nan`` / ``rejects_inf``: the tensor with one NaN / one +inf element (in its middle).
+
+    The argument must be a tensor in the case the check builds (the route's ``tiny`` case); a missing one fails
+    the check loudly.
+    """
+    made: list[tuple[str, str, Callable[[torch.Tensor], Any]]] = []
+    for name in tensors:
+        made += [(name, "a list", lambda x: x.detach().tolist()), (name, "0-D", _wrong_rank),
+                 (name, "wrong dtype", _wrong_dtype)]
+    made += [(name, "on another device", lambda x: x.detach().to("meta")) for name in other_device]
+    made += [(name, "NaN", _with_value(math.nan)) for name in rejects_nan]
+    made += [(name, "+inf", _with_value(math.inf)) for name in rejects_inf]
+
+    def bad(name: str, what: str, fn: Callable[[torch.Tensor], Any]) -> BadInput:
+        def make(case: Case) -> Case:
+            x = case.kwargs.get(name)
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"standard bad input {name!r} ({what}): the case has no tensor {name!r}")
+            return replace_argument(case, name, fn(x), what)
+
+        return BadInput(name, what, routes, make)
+
+    return tuple(bad(*item) for item in made)
