@@ -12,7 +12,8 @@ import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
-COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate")
+COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate",
+            "kernel_sentinel.mutate")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:

@@ -1,0 +1,613 @@
+"""``sentinel mutate``: how strong are a family's checks? Plant one small bug at a time, see whether verify fails.
+
+Each mutant changes one expression of a kernel source (found with :mod:`ast`, so comments, docstrings, string
+literals, f-strings, annotations and decorators are never touched). The operators (:data:`OPERATORS`):
+
+- ``comparison``: ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``, ``in`` <-> ``not in``;
+- ``off-by-one``: an integer literal ``n`` used in index arithmetic (an operand of ``+``/``-``, a subscript or slice
+  bound, an argument of ``range``/``arange``) becomes ``n + 1``;
+- ``swap``: the operands of ``-``, ``/``, ``//``, ``%`` swapped; the two branches of ``where(c, a, b)`` swapped;
+- ``mask``: a ``mask=`` argument dropped; ``where(c, a, b)`` becomes ``a``; ``a & b`` becomes ``a``;
+- ``reduction``: ``max`` <-> ``min`` (also ``amax``, ``maximum``, ``argmax``), ``sum`` -> ``max``,
+  ``logsumexp`` -> ``amax``;
+- ``sign``: ``-x`` becomes ``x``; ``a + b`` <-> ``a - b``.
+
+Every mutant runs in a scratch copy of the repository (``kernels/`` and ``sentinel/`` copied to a temporary
+directory and imported from there through :func:`kernel_sentinel.layout.import_root`; the working tree is never
+written), in a fresh ``python -m kernel_sentinel.mutate worker`` process that verifies like ``sentinel verify
+--quick`` (every check, every dtype of the family) and stops at the first failing check: the mutant is then
+*killed*. A mutant that makes the process crash or run past its time limit is killed too (reported as such).
+
+Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
+routes reach which lines (it must pass; else the verifier is broken and nothing is measured). A mutant on a line
+no route reaches survives (it is listed as unreached: a case is missing). Module-level lines count for every route.
+
+Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
+``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
+where ``before``/``after`` are the mutated line(s) with whitespace collapsed (as printed for survivors). They are
+excluded before sampling.
+
+Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
+everything; ``--record`` writes ``traces/verification/<family>-mutants.json`` for the site. Exit codes: 0; 1 when
+the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails; 2 on usage errors.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import dataclasses
+import fnmatch
+import json
+import os
+import queue
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from kernel_sentinel import console
+
+DEFAULT_FILES = ("triton_*.py", "torch_ops.py")  # a family's backend sources (file names in its package)
+EQUIVALENTS = "equivalent_mutants.json"
+OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
+TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0  # a mutant may take 4x the unmutated run of its routes + 60 s
+ALL_ROUTES = "*"  # coverage context of import-time (module-level) lines
+
+FLIPPED_COMPARISONS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
+                       ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
+COMPARISON_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+                   ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+SWAPPED_OPERATORS = {ast.Sub: "-", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%"}
+REDUCTIONS = {"max": "min", "min": "max", "amax": "amin", "amin": "amax", "maximum": "minimum",
+              "minimum": "maximum", "argmax": "argmin", "argmin": "argmax", "sum": "max", "logsumexp": "amax"}
+RANGE_CALLS = {"range", "arange"}
+ATOMS = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Tuple, ast.Dict)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: in ``file`` (repo-relative), characters ``start:end`` of the source become
+    ``replacement``; ``before``/``after`` are the affected lines (whitespace collapsed), ``line`` the first."""
+
+    file: str
+    line: int
+    operator: str
+    start: int
+    end: int
+    replacement: str
+    before: str
+    after: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.file, self.before, self.after)
+
+    def apply(self, source: str) -> str:
+        return source[: self.start] + self.replacement + source[self.end:]
+
+    def diff(self) -> str:
+        """The one-line diff printed for a survivor."""
+        return f"{self.file}:{self.line}: {self.before}  -->  {self.after}  [{self.operator}]"
+
+
+# ------------------------------------------------------------------------------------------ finding mutants
+
+
+class _Source:
+    """A source text with character offsets of AST positions (which count UTF-8 bytes within a line)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = text.splitlines(keepends=True)
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def offset(self, lineno: int, col: int) -> int:
+        line = self.lines[lineno - 1]
+        return self.starts[lineno - 1] + len(line.encode()[:col].decode(errors="replace"))
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
+
+    def segment(self, node: ast.AST) -> str:
+        start, end = self.span(node)
+        return self.text[start:end]
+
+    def operand(self, node: ast.AST) -> str:
+        """The node's text, parenthesised unless it is an atom."""
+        text = self.segment(node)
+        return text if isinstance(node, ATOMS) else f"({text})"
+
+
+def _skipped(tree: ast.AST) -> set[int]:
+    """Ids of nodes never mutated: docstrings, string literals, f-strings, annotations, decorators (and
+    everything inside them)."""
+    skip: set[int] = set()
+
+    def all_of(node: Optional[ast.AST]) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            all_of(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                all_of(decorator)
+            all_of(node.returns)
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                        node.args.vararg, node.args.kwarg]:
+                if arg is not None:
+                    all_of(arg.annotation)
+        elif isinstance(node, ast.ClassDef):
+            for decorator in node.decorator_list:
+                all_of(decorator)
+        elif isinstance(node, ast.AnnAssign):
+            all_of(node.annotation)
+    return skip
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _index_constants(tree: ast.AST) -> set[int]:
+    """Ids of integer literals used in index arithmetic."""
+    found: set[int] = set()
+
+    def is_int(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and type(node.value) is int
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            found.update(id(n) for n in (node.left, node.right) if is_int(n))
+        elif isinstance(node, ast.Subscript):
+            parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            for part in parts:
+                bounds = [part.lower, part.upper, part.step] if isinstance(part, ast.Slice) else [part]
+                found.update(id(b) for b in bounds if b is not None and is_int(b))
+        elif isinstance(node, ast.Call) and _call_name(node) in RANGE_CALLS:
+            found.update(id(a) for a in node.args if is_int(a))
+    return found
+
+
+def _sites(src: _Source, tree: ast.AST) -> Iterator[tuple[str, ast.AST, str, Optional[tuple[int, int]]]]:
+    """``(operator, node, replacement text, span)``: the replacement replaces the node's text (or ``span``)."""
+    skip = _skipped(tree)
+    index_constants = _index_constants(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+            for i, op in enumerate(node.ops):
+                ops = [COMPARISON_TEXT[type(o)] for o in node.ops]
+                ops[i] = FLIPPED_COMPARISONS[type(op)]
+                text = src.operand(parts[0]) + "".join(f" {o} {src.operand(p)}" for o, p in zip(ops, parts[1:]))
+                yield "comparison", node, text, None
+        elif isinstance(node, ast.BinOp):
+            left, right = src.operand(node.left), src.operand(node.right)
+            if type(node.op) in SWAPPED_OPERATORS:
+                yield "swap", node, f"{right} {SWAPPED_OPERATORS[type(node.op)]} {left}", None
+            if isinstance(node.op, ast.Add):
+                yield "sign", node, f"{left} - {right}", None
+            elif isinstance(node.op, ast.Sub):
+                yield "sign", node, f"{left} + {right}", None
+            elif isinstance(node.op, ast.BitAnd):
+                yield "mask", node, left, None
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            yield "sign", node, src.operand(node.operand), None
+        elif isinstance(node, ast.Constant) and id(node) in index_constants:
+            yield "off-by-one", node, str(node.value + 1), None
+        elif isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name in REDUCTIONS:
+                start, end = src.span(node.func)
+                yield "reduction", node, REDUCTIONS[name], (end - len(name), end)
+            if name == "where" and len(node.args) == 3 and not node.keywords:
+                cond, a, b = (src.segment(x) for x in node.args)
+                yield "swap", node, f"{src.segment(node.func)}({cond}, {b}, {a})", None
+                yield "mask", node, src.operand(node.args[1]), None
+            masks = [k for k in node.keywords if k.arg == "mask"]
+            if masks:
+                args = [src.segment(a) for a in node.args] + [src.segment(k) for k in node.keywords
+                                                                if k.arg != "mask"]
+                yield "mask", node, f"{src.segment(node.func)}({', '.join(args)})", None
+
+
+def find_mutants(text: str, file: str) -> list[Mutant]:
+    """Every mutant of the source ``text`` of ``file`` (repo-relative), in source order, distinct sources only."""
+    src = _Source(text)
+    tree = ast.parse(text)
+    out: dict[str, Mutant] = {}
+    for operator, node, replacement, span in _sites(src, tree):
+        start, end = span or src.span(node)
+        mutated = text[:start] + replacement + text[end:]
+        if mutated == text or mutated in out:
+            continue
+        first, last = node.lineno, node.end_lineno
+        before = " ".join(" ".join(src.lines[first - 1: last]).split())
+        delta = replacement.count("\n") - text[start:end].count("\n")
+        after = " ".join(" ".join(mutated.splitlines()[first - 1: last + delta]).split())
+        out[mutated] = Mutant(file, first, operator, start, end, replacement, before, after)
+    return sorted(out.values(), key=lambda m: (m.start, m.operator, m.replacement))
+
+
+# --------------------------------------------------------------------------------------------- equivalents
+
+
+def load_equivalents(path: Path) -> dict[tuple[str, str, str], str]:
+    """``{(file, before, after): reason}`` from a reviewed equivalent-mutant file (empty when absent); every entry
+    needs a non-empty reason."""
+    if not path.is_file():
+        return {}
+    entries = json.loads(path.read_text())
+    out = {}
+    for i, entry in enumerate(entries):
+        if not str(entry.get("reason", "")).strip():
+            raise ValueError(f"{path}: entry {i} has no reason; every equivalent mutant needs one")
+        out[(entry["file"], entry["before"], entry["after"])] = entry["reason"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+@dataclass
+class Outcome:
+    """What happened to one mutant: ``status`` is ``killed``, ``crashed``, ``timeout`` (all three count as
+    killed), ``survived`` or ``unreached`` (no route runs the line); ``by`` says which route and check failed."""
+
+    mutant: Mutant
+    status: str
+    by: str = ""
+    seconds: float = 0.0
+
+    @property
+    def killed(self) -> bool:
+        return self.status in ("killed", "crashed", "timeout")
+
+
+class Scratch:
+    """A scratch copy of the repository's ``kernels/`` and ``sentinel/`` with an import root over it."""
+
+    def __init__(self, repo: Path):
+        from kernel_sentinel.layout import IMPORT_NAMES, import_root
+
+        self.dir = Path(tempfile.mkdtemp(prefix="sentinel-mutate-"))
+        for folder in IMPORT_NAMES:
+            shutil.copytree(repo / folder, self.dir / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        self.root = import_root(self.dir, self.dir / "_import")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["TRITON_INTERPRET"] = "1"
+        return env
+
+    def worker(self, family: str, routes: Sequence[str], seed: int, timeout: float,
+               coverage_to: Optional[Path] = None) -> tuple[int, str, bool]:
+        """Run the worker on ``routes``; ``(exit code, last output line, timed out)``."""
+        command = [sys.executable, "-m", "kernel_sentinel.mutate", "worker", "--family", family, "--seed", str(seed),
+                   "--route", *routes]
+        if coverage_to is not None:
+            command += ["--coverage", str(coverage_to)]
+        try:
+            done = subprocess.run(command, env=self.env(), cwd=self.dir, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return -1, f"ran past {timeout:.0f} s", True
+        lines = (done.stdout.strip() or done.stderr.strip() or "(no output)").splitlines()
+        return done.returncode, lines[-1], False
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class Baseline:
+    """The unmutated run: which routes reach each line, and how long each route took."""
+
+    lines: dict[str, dict[int, set[str]]]
+    seconds: dict[str, float]
+
+    def routes_for(self, mutant: Mutant) -> list[str]:
+        reached = self.lines.get(mutant.file, {}).get(mutant.line, set())
+        return sorted(self.seconds) if ALL_ROUTES in reached else sorted(reached)
+
+
+def run_baseline(scratch: Scratch, family: str, routes: Sequence[str], seed: int) -> Baseline:
+    """Run every route unmutated under coverage; raise ``RuntimeError`` when it does not pass."""
+    out = scratch.dir / "_baseline.json"
+    code, last, _ = scratch.worker(family, routes, seed, timeout=3600, coverage_to=out)
+    if code != 0:
+        raise RuntimeError(f"the unmutated run of {family} fails, so no mutant can be measured: {last}")
+    data = json.loads(out.read_text())
+    lines = {f: {int(n): set(r) for n, r in by_line.items()} for f, by_line in data["lines"].items()}
+    return Baseline(lines, data["seconds"])
+
+
+def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline, seed: int) -> Outcome:
+    """Plant ``mutant`` in the scratch copy, run the routes that reach it, restore the file."""
+    routes = baseline.routes_for(mutant)
+    if not routes:
+        return Outcome(mutant, "unreached", "no route runs this line")
+    path = scratch.dir / mutant.file
+    original = path.read_text()
+    path.write_text(mutant.apply(original))
+    limit = TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * sum(baseline.seconds[r] for r in routes)
+    start = time.perf_counter()
+    try:
+        code, last, timed_out = scratch.worker(family, routes, seed, limit)
+    finally:
+        path.write_text(original)
+    seconds = time.perf_counter() - start
+    if timed_out:
+        return Outcome(mutant, "timeout", last, seconds)
+    if code == 0:
+        return Outcome(mutant, "survived", "", seconds)
+    return Outcome(mutant, "killed" if code == 1 else "crashed", last, seconds)
+
+
+# ---------------------------------------------------------------------------------------------- the worker
+
+
+def worker(argv: Sequence[str]) -> int:
+    """Verify the routes like ``sentinel verify --quick`` at every dtype, stopping at the first failing check;
+    exit 1 (printing ``route dtype check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
+    which route reaches which line of the kernel library, and each route's time, as JSON."""
+    parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
+    parser.add_argument("--family", required=True)
+    parser.add_argument("--route", nargs="+", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--coverage", type=Path)
+    args = parser.parse_args(argv)
+
+    import warnings
+
+    import provable_kernels
+
+    here = Path(provable_kernels.__file__).resolve().parent.parent
+    if not (here / "_import").is_dir():  # a worker must never run against the working tree
+        print(f"refusing to run outside a scratch copy: provable_kernels is {here}")
+        return 2
+    cov = None
+    if args.coverage:
+        import coverage
+
+        cov = coverage.Coverage(data_file=None, include=[str(here / "kernels" / "*"),
+                                                         str(here / "_import" / "provable_kernels" / "*")])
+        cov.start()
+        cov.switch_context(ALL_ROUTES)
+    import torch
+
+    from kernel_sentinel import registry
+    from kernel_sentinel.verify import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
+
+    (family,) = registry.select([args.family])
+    for module in family.source_files():  # import-time lines count for every route
+        if module.suffix == ".py" and module.parts[0] == "kernels" and module.name != "__init__.py":
+            __import__(".".join(("provable_kernels", *module.parts[1:-1], module.stem)))
+    options = Options(device=torch.device("cpu"), seed=args.seed, examples=QUICK_EXAMPLES, quick=True)
+    seconds: dict[str, float] = {}
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
+    for route_id in args.route:
+        if cov is not None:
+            cov.switch_context(route_id)
+        start = time.perf_counter()
+        for dtype in family.dtypes:
+            run = RouteRun(family, route_id, options, dtype)
+            repro = options.repro(family.name, route_id, dtype)
+            for name in options.checks:
+                torch.manual_seed(options.seed)
+                try:
+                    result = CHECK_FUNCTIONS[name](run, repro)
+                    passed, detail = result.passed, result.detail
+                except Exception as exc:
+                    passed, detail = False, f"{type(exc).__name__}: {exc}"
+                if not passed:
+                    print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: {' '.join(detail.split())[:300]}")
+                    return 1
+        seconds[route_id] = time.perf_counter() - start
+    if cov is not None:
+        cov.stop()
+        data = cov.get_data()
+        lines: dict[str, dict[int, list[str]]] = {}
+        for measured in data.measured_files():
+            relative = Path(measured).resolve().relative_to(here).as_posix()
+            by_line = data.contexts_by_lineno(measured)
+            lines[relative] = {n: sorted(c if c else ALL_ROUTES for c in ctx) for n, ctx in by_line.items()}
+        args.coverage.write_text(json.dumps({"lines": lines, "seconds": seconds}))
+    print(f"{len(args.route)} routes pass")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- reporting
+
+
+def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, excluded: int,
+              seed: int) -> dict[str, Any]:
+    """The JSON summary of one family's run (also the record the site shows)."""
+    files: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        entry = files.setdefault(o.mutant.file, {"mutants": 0, "killed": 0})
+        entry["mutants"] += 1
+        entry["killed"] += o.killed
+    for entry in files.values():
+        entry["kill_rate"] = round(100.0 * entry["killed"] / entry["mutants"], 1)
+    killed = sum(o.killed for o in outcomes)
+    return {
+        "family": family,
+        "seed": seed,
+        "candidates": candidates,
+        "equivalent_excluded": excluded,
+        "sampled": len(outcomes),
+        "killed": killed,
+        "kill_rate": round(100.0 * killed / len(outcomes), 1) if outcomes else None,
+        "by_operator": {op: {"mutants": sum(o.mutant.operator == op for o in outcomes),
+                             "killed": sum(o.killed for o in outcomes if o.mutant.operator == op)}
+                        for op in OPERATORS},
+        "files": dict(sorted(files.items())),
+        "survivors": [{"diff": o.mutant.diff(), "status": o.status} for o in outcomes if not o.killed],
+        "mutants": [{**dataclasses.asdict(o.mutant), "status": o.status, "by": o.by,
+                     "seconds": round(o.seconds, 2)} for o in outcomes],
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"mutation: {summary['family']}", title_justify="left")
+    for column in ("file", "mutants", "killed", "kill rate"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for file, entry in summary["files"].items():
+        table.add_row(file, str(entry["mutants"]), str(entry["killed"]), f"{entry['kill_rate']:.1f}%")
+    rate = summary["kill_rate"]
+    table.add_row("all", str(summary["sampled"]), str(summary["killed"]), "-" if rate is None else f"{rate:.1f}%",
+                  style="bold")
+    console.out.print(table)
+    console.out.print(f"{summary['candidates']} candidate mutants, {summary['equivalent_excluded']} reviewed "
+                      f"equivalent excluded, {summary['sampled']} run (seed {summary['seed']})", highlight=False)
+    for survivor in summary["survivors"]:
+        note = " (no route runs this line)" if survivor["status"] == "unreached" else ""
+        console.out.print(f"survived{note}: {escape(survivor['diff'])}", highlight=False)
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("mutate", help="plant bugs in kernel sources and measure how many verify catches",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families (default: all)")
+    p.add_argument("--files", nargs="+", action="extend", metavar="GLOB",
+                   help="repo-relative globs among the family's source files (default: the family package's "
+                        f"{' and '.join(DEFAULT_FILES)})")
+    p.add_argument("--route", nargs="+", action="extend", metavar="GLOB",
+                   help="verify only the routes matching these globs (default: every route)")
+    p.add_argument("-n", type=int, metavar="N", help="run a seeded sample of N mutants per family (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and of verify (default 0)")
+    p.add_argument("--min-kill", type=float, default=0.0, metavar="P",
+                   help="exit 1 when a family's kill rate is under P percent")
+    p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
+    p.add_argument("--record", action="store_true",
+                   help="write traces/verification/<family>-mutants.json (the kill rates the site shows)")
+
+
+def _selected_files(family: Any, globs: Optional[Sequence[str]], repo: Path) -> list[str]:
+    files = [p.as_posix() for p in family.source_files() if not p.is_absolute()]
+    if globs:
+        return [f for f in files if any(fnmatch.fnmatchcase(f, g) for g in globs)]
+    package = Path(family.package.__file__).resolve().parent.relative_to(repo).as_posix()
+    return [f for f in files if f.rpartition("/")[0] == package
+            and any(fnmatch.fnmatchcase(f.rpartition("/")[2], g) for g in DEFAULT_FILES)]
+
+
+def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional[dict[str, Any]]:
+    """Run the mutants of one family; None (after a message) when there is nothing to run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kernel_sentinel.family import matches
+
+    routes = [r.id for r in family.tree.routes() if not args.route or matches(r.id, args.route)]
+    files = _selected_files(family, args.files, repo)
+    if not routes or not files:
+        console.err.print(f"{family.name}: no {'route' if not routes else 'source file'} selected")
+        return None
+    equivalents = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)
+    candidates = [m for f in files for m in find_mutants((repo / f).read_text(), f)]
+    kept = [m for m in candidates if m.key not in equivalents]
+    sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
+                    key=lambda m: (m.file, m.start))
+    scratches: queue.Queue[Scratch] = queue.Queue()
+    made = [Scratch(repo) for _ in range(max(1, min(args.jobs, len(sample))))]
+    for s in made:
+        scratches.put(s)
+    try:
+        console.err.print(f"{family.name}: unmutated run of {len(routes)} routes under coverage")
+        baseline = run_baseline(made[0], family.name, routes, args.seed)
+
+        def one(mutant: Mutant) -> Outcome:
+            scratch = scratches.get()
+            try:
+                return run_mutant(scratch, family.name, mutant, baseline, args.seed)
+            finally:
+                scratches.put(scratch)
+
+        outcomes = []
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console.err) as progress, \
+                concurrent.futures.ThreadPoolExecutor(len(made)) as pool:
+            task = progress.add_task(f"mutate {family.name}", total=len(sample))
+            for outcome in pool.map(one, sample):
+                outcomes.append(outcome)
+                killed = sum(o.killed for o in outcomes)
+                progress.update(task, advance=1, description=f"mutate {family.name}: {killed}/{len(outcomes)} killed")
+    finally:
+        for s in made:
+            s.remove()
+    return summarize(family.name, outcomes, len(candidates), len(candidates) - len(kept), args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernel_sentinel import records, registry
+    from kernel_sentinel.family import REPO_ROOT, matches
+
+    if args.n is not None and args.n < 1:
+        return console.usage_error(f"-n must be >= 1, got {args.n}")
+    if args.jobs < 1:
+        return console.usage_error(f"--jobs must be >= 1, got {args.jobs}")
+    if not 0 <= args.min_kill <= 100:
+        return console.usage_error(f"--min-kill is a percentage in 0..100, got {args.min_kill}")
+    try:
+        families = registry.select(args.family)
+    except registry.UnknownFamily as exc:
+        return console.usage_error(exc.args[0])
+    if args.route and not any(matches(r.id, args.route) for f in families for r in f.tree.routes()):
+        return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
+    if args.record and (args.route or args.files):
+        return console.usage_error("--record measures every route and the default files; drop --route / --files")
+    summaries, failed = [], False
+    for family in families:
+        try:
+            summary = mutate_family(family, args, REPO_ROOT)
+        except RuntimeError as exc:
+            console.err.print(f"[bold red]{family.name}:[/] {exc}", highlight=False)
+            failed = True
+            continue
+        if summary is None:
+            continue
+        summary["commit"] = records.head_commit()
+        summary["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+        summaries.append(summary)
+        print_summary(summary)
+        if summary["kill_rate"] is not None and summary["kill_rate"] < args.min_kill:
+            console.out.print(f"{family.name}: kill rate {summary['kill_rate']:.1f}% is under --min-kill "
+                              f"{args.min_kill:g}%", highlight=False)
+            failed = True
+        if args.record:
+            path = REPO_ROOT / records.RECORD_DIR / f"{family.name}-mutants.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(records.dumps({k: v for k, v in summary.items() if k != "mutants"}))
+            console.err.print(f"recorded {path.relative_to(REPO_ROOT)}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+    return 1 if failed or not summaries else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["worker"]:
+        sys.exit("usage: python -m kernel_sentinel.mutate worker --family F --route R [R ...] [--seed S]")
+    sys.exit(worker(sys.argv[2:]))

@@ -1,0 +1,80 @@
+"""``sentinel mutate``: the mutation operators (never inside comments, docstrings, strings, annotations), the
+reviewed-equivalents file, and a seeded sample of real mutants per family that the CPU verifier must kill."""
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from kernel_sentinel import mutate
+
+SOURCE = '''"""Module docstring: a < b, x - 1, max(a, b)."""
+import triton.language as tl
+
+
+def kernel(x: "int - 1", n: int = 2) -> "a < b":
+    """Docstring with -x and mask=m."""
+    # comment: a < b, where(c, a, b), i + 1
+    message = f"{n - 1} < {n}"
+    if n < 3 and x is None:
+        return "a - b"
+    y = tl.load(x + n - 1, mask=(n >= 0) & (n < 8), other=0.0)
+    z = tl.where(y > 0, y, -y)
+    return tl.max(z, 0) + x[n + 1] / 2
+'''
+
+
+def diffs() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in mutate.find_mutants(SOURCE, "k.py"):
+        ast.parse(m.apply(SOURCE))  # every mutant is valid Python
+        out.setdefault(m.operator, []).append(m.after)
+    return out
+
+
+def test_every_operator_plants_its_bug():
+    found = diffs()
+    assert set(found) == set(mutate.OPERATORS)
+    assert "if n <= 3 and x is None:" in found["comparison"]
+    assert "if n < 3 and x is not None:" in found["comparison"]
+    assert "y = tl.load(x + n - 2, mask=(n >= 0) & (n < 8), other=0.0)" in found["off-by-one"]
+    assert "return tl.max(z, 0) + x[n + 2] / 2" in found["off-by-one"]
+    assert "y = tl.load(1 - (x + n), mask=(n >= 0) & (n < 8), other=0.0)" in found["swap"]
+    assert "z = tl.where(y > 0, -y, y)" in found["swap"]
+    assert "y = tl.load(x + n - 1, other=0.0)" in found["mask"]
+    assert "y = tl.load(x + n - 1, mask=(n >= 0), other=0.0)" in found["mask"]
+    assert "z = (y)" not in found["mask"] and "z = y" in found["mask"]
+    assert "return tl.min(z, 0) + x[n + 1] / 2" in found["reduction"]
+    assert "z = tl.where(y > 0, y, y)" in found["sign"]
+    assert "return tl.max(z, 0) - (x[n + 1] / 2)" in found["sign"]
+    assert "y = tl.load((x + n) + 1, mask=(n >= 0) & (n < 8), other=0.0)" in found["sign"]
+
+
+def test_comments_docstrings_strings_and_annotations_are_never_mutated():
+    for m in mutate.find_mutants(SOURCE, "k.py"):
+        changed = SOURCE[m.start:m.end]
+        assert m.line >= 8, m.diff()  # nothing in the docstrings, the signature's annotations or the comment
+        assert "f\"" not in changed and '"a - b"' not in changed, m.diff()
+    assert all(m.line != 10 for m in mutate.find_mutants(SOURCE, "k.py"))  # return "a - b"
+
+
+def test_equivalents_need_a_reason_and_are_matched_by_file_and_lines(tmp_path):
+    path = tmp_path / mutate.EQUIVALENTS
+    assert mutate.load_equivalents(path) == {}
+    path.write_text(json.dumps([{"file": "k.py", "before": "a", "after": "b", "reason": ""}]))
+    with pytest.raises(ValueError, match="entry 0 has no reason"):
+        mutate.load_equivalents(path)
+    m = mutate.find_mutants(SOURCE, "k.py")[0]
+    path.write_text(json.dumps([{"file": m.file, "before": m.before, "after": m.after, "reason": "same value"}]))
+    assert mutate.load_equivalents(path) == {m.key: "same value"}
+
+
+def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
+    mutants = mutate.find_mutants(SOURCE, "k.py")[:4]
+    outcomes = [mutate.Outcome(mutants[0], "killed"), mutate.Outcome(mutants[1], "timeout"),
+                mutate.Outcome(mutants[2], "survived"), mutate.Outcome(mutants[3], "unreached")]
+    summary = mutate.summarize("toy", outcomes, candidates=10, excluded=1, seed=0)
+    assert summary["kill_rate"] == 50.0 and summary["files"]["k.py"] == {"mutants": 4, "killed": 2, "kill_rate": 50.0}
+    assert [s["status"] for s in summary["survivors"]] == ["survived", "unreached"]
+    assert summary["survivors"][0]["diff"] == mutants[2].diff()

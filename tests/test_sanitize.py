@@ -1,0 +1,60 @@
+"""``sentinel verify --sanitize`` without a GPU: a usage error, never a silent pass; the parsing of the tool's output
+and the command it runs (the GPU path itself runs on the lead's GPU machine)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from kernel_sentinel import sanitize
+
+MEMCHECK_OUTPUT = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at 0x1a0 in _semicrf_forward_kernel
+=========     by thread (3,0,0) in block (1,0,0)
+=========     Address 0x7f3a00000410 is out of bounds
+=========
+========= ERROR SUMMARY: 1 error
+"""
+CLEAN_OUTPUT = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
+
+
+def test_triton_routes_are_named_by_backend():
+    assert sanitize.is_triton_route("semicrf.triton.log.train")
+    assert not sanitize.is_triton_route("semicrf.torch.log.train")
+    assert not sanitize.is_triton_route("triton.x")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour; a GPU machine runs the tool")
+def test_without_a_gpu_sanitize_is_unavailable_with_the_reason():
+    reason = sanitize.unavailable("cpu")
+    assert reason is not None and "no GPU" in reason
+
+
+def test_without_the_tool_sanitize_is_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert sanitize.find_tool() is None
+    assert "compute-sanitizer" in sanitize.unavailable("cuda")
+
+
+def test_findings_and_verdicts():
+    assert sanitize.findings(CLEAN_OUTPUT) == (0, [])
+    errors, lines = sanitize.findings(MEMCHECK_OUTPUT)
+    assert errors == 1 and lines[0] == "Invalid __global__ read of size 4 bytes" and len(lines) == 4
+    assert sanitize.verdict("memcheck", 0, CLEAN_OUTPUT) == (True, "memcheck: 0 errors")
+    passed, detail = sanitize.verdict("memcheck", sanitize.ERROR_EXIT, MEMCHECK_OUTPUT)
+    assert not passed and detail.startswith("memcheck: 1 errors: Invalid __global__ read of size 4 bytes; at 0x1a0")
+    passed, detail = sanitize.verdict("racecheck", 1, "Traceback ...\nRuntimeError: boom\n")
+    assert not passed and "process failed (exit 1)" in detail and "RuntimeError: boom" in detail
+    assert not sanitize.verdict("initcheck", 0, "no summary at all")[0]  # no summary: never a pass
+
+
+def test_command_runs_the_route_process_under_each_tool():
+    cmd = sanitize.command("racecheck", "semicrf", "semicrf.triton.log.train", "float32", 0, True)
+    assert cmd[1:5] == ["--tool", "racecheck", "--error-exitcode", str(sanitize.ERROR_EXIT)]
+    inner = cmd[cmd.index(sys.executable):]
+    assert inner[1:3] == ["-m", "kernel_sentinel.sanitize"] and inner[-1] == "--quick"
