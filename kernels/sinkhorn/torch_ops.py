@@ -14,12 +14,28 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _norm(w: torch.Tensor, flag: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w -= logsumexp(w, dim)`` in flagged form (``flag`` marks entries that stand for ``w - 1e5``): a line
+    with an unflagged entry normalises over those and keeps its flags; an all-flagged line normalises over all,
+    cancelling the common -1e5, and loses its flags."""
+    has = (~flag).any(dim, keepdim=True)
+    w = w - torch.where(flag & has, float("-inf"), w).logsumexp(dim, keepdim=True)
+    return w, flag & has
+
+
 def _log(x: torch.Tensor, iters: int) -> torch.Tensor:
-    w = x.clamp_min(CLAMP)
+    """The log-domain loop on ``max(x, -1e5)``, with the clamped entries held as ``-1e5 + (value)`` (flag and an
+    order-one value) so that float32 keeps full precision where a whole column is clamped."""
+    flag = x < CLAMP
+    m = x.masked_fill(flag, float("-inf")).amax(-1, keepdim=True).detach()  # a row shift: the output ignores it
+    flat = m == float("-inf")
+    m = m.masked_fill(flat, 0.0)
+    w = torch.where(flag, torch.where(flat, 0.0, -m), x - m)
+    flag = flag & ~flat
     for _ in range(iters):
-        w = w - w.logsumexp(-1, keepdim=True)
-        w = w - w.logsumexp(-2, keepdim=True)
-    return w.exp()
+        w, flag = _norm(w, flag, -1)
+        w, flag = _norm(w, flag, -2)
+    return w.exp().masked_fill(flag, 0.0)
 
 
 def _div(p: torch.Tensor, total: torch.Tensor, eps: float) -> torch.Tensor:

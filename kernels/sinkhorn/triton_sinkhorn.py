@@ -52,50 +52,53 @@ def _load(ptr, offs, valid, F64: tl.constexpr):
 
 
 @triton.jit
-def _norm_rows(W, valid):
-    """``W - logsumexp(W, last dim)`` on valid entries (0 elsewhere); valid entries are finite."""
-    mx = tl.max(tl.where(valid, W, float("-inf")), axis=2)[:, :, None]
+def _norm(W, F, valid, AXIS: tl.constexpr):
+    """One log-normalisation ``W -= logsumexp(W, AXIS)`` of the flagged form: an entry with ``F = 1`` stands
+    for ``W - 1e5`` (it came from the clamp). A line with any unflagged entry normalises over those (flagged
+    ones add exp(-1e5) = 0) and keeps its flags; an all-flagged line normalises over all of them, which cancels
+    the common -1e5 exactly, and clears its flags. Entries off the tile stay 0."""
+    unflagged = valid & (F == 0)
+    has = tl.expand_dims(tl.max(unflagged.to(tl.int32), axis=AXIS), AXIS) > 0
+    inc = valid & (unflagged | (has == 0))
+    mx = tl.expand_dims(tl.max(tl.where(inc, W, float("-inf")), axis=AXIS), AXIS)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    s = tl.sum(tl.where(valid, tl.exp(W - mx), 0.0), axis=2)[:, :, None]
-    s = tl.where(s == 0.0, 1.0, s)
-    return tl.where(valid, W - mx - tl.log(s), 0.0)
-
-
-@triton.jit
-def _norm_cols(W, valid):
-    """``W - logsumexp(W, second-last dim)`` on valid entries (0 elsewhere)."""
-    mx = tl.max(tl.where(valid, W, float("-inf")), axis=1)[:, None, :]
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    s = tl.sum(tl.where(valid, tl.exp(W - mx), 0.0), axis=1)[:, None, :]
-    s = tl.where(s == 0.0, 1.0, s)
-    return tl.where(valid, W - mx - tl.log(s), 0.0)
+    s = tl.expand_dims(tl.sum(tl.where(inc, tl.exp(W - mx), 0.0), axis=AXIS), AXIS)
+    return tl.where(valid, W - mx - tl.log(_safe(s)), 0.0), tl.where(has, F, 0)
 
 
 @triton.jit
 def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
-    """``L = max(x, -1e5) - rowmax`` (0 off the tile), ``K = exp(L)``, the clamp mask ``x >= -1e5`` and whether
-    this block must run the log-domain loop (some row's span of ``L`` exceeds ``RMAX``)."""
+    """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
+    ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
+    (0 where flagged), the gradient mask ``x >= -1e5``, and whether this block must run the log-domain loop (a
+    flag, or some row of ``L`` spanning more than ``RMAX``)."""
     x = _load(x_ptr, offs, valid, F64)
-    xc = tl.maximum(x, CLAMP)
-    m = tl.max(tl.where(valid, xc, CLAMP), axis=2)[:, :, None]
-    L = tl.where(valid, xc - m, 0.0)
-    span = tl.max(tl.max(tl.max(-L, axis=2), axis=1), axis=0)
-    K = tl.where(valid, tl.exp(L), 0.0)
-    return L, K, valid & (x >= CLAMP), span > RMAX
+    clamped = valid & (x < CLAMP)
+    m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
+    flat = m == float("-inf")
+    m = tl.where(flat, 0.0, m)
+    L = tl.where(valid, tl.where(clamped, tl.where(flat, 0.0, -m), x - m), 0.0)
+    F = (clamped & (flat == 0)).to(tl.int32)
+    unflagged = valid & (F == 0)
+    span = tl.max(tl.max(tl.max(tl.where(unflagged, -L, 0.0), axis=2), axis=1), axis=0)
+    flags = tl.max(tl.max(tl.max(F, axis=2), axis=1), axis=0)
+    K = tl.where(unflagged, tl.exp(L), 0.0)
+    return L, F, K, valid & (x >= CLAMP), (span > RMAX) | (flags > 0)
 
 
 @triton.jit
-def _log_replay(L, K, k, use_log, valid, rows, cols):
+def _log_replay(L, F, K, k, use_log, valid, rows, cols):
     """The normalised matrices of step ``k`` (1-based): ``S`` after its row step, ``Q`` after its column step."""
     if use_log:
         W = L
+        G = F
         for _ in range(k - 1):
-            W = _norm_rows(W, valid)
-            W = _norm_cols(W, valid)
-        W = _norm_rows(W, valid)
-        S = tl.where(valid, tl.exp(W), 0.0)
-        W = _norm_cols(W, valid)
-        Q = tl.where(valid, tl.exp(W), 0.0)
+            W, G = _norm(W, G, valid, 2)
+            W, G = _norm(W, G, valid, 1)
+        W, G = _norm(W, G, valid, 2)
+        S = tl.where(valid & (G == 0), tl.exp(W), 0.0)
+        W, G = _norm(W, G, valid, 1)
+        Q = tl.where(valid & (G == 0), tl.exp(W), 0.0)
     else:
         c = tl.where(cols, 1.0, 0.0).to(K.dtype)
         for _ in range(k - 1):
@@ -113,8 +116,8 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
                        F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
-    S, Q = _log_replay(L, K, ITERS, use_log, valid, rows, cols)
+    L, F, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
     tl.store(out_ptr + offs, Q.to(out_ptr.dtype.element_ty), mask=valid)
 
 
@@ -123,13 +126,13 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, N: tl.constexpr, NB: 
                         F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
-    S, Q = _log_replay(L, K, ITERS, use_log, valid, rows, cols)
+    L, F, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
     Wb = _load(grad_ptr, offs, valid, F64) * Q
     Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
     Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
     for t in range(1, ITERS):
-        S, Q = _log_replay(L, K, ITERS - t, use_log, valid, rows, cols)
+        S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
         Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
         Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
     tl.store(gx_ptr + offs, tl.where(keep, Wb, 0.0).to(gx_ptr.dtype.element_ty), mask=valid)

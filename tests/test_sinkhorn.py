@@ -1,0 +1,192 @@
+"""The Sinkhorn family against its independent float64 oracle (the plain loop of the convention).
+
+Without a GPU the Triton routes run under the Triton interpreter (tests/conftest.py switches it on), so shapes
+and iteration counts stay tiny; the backward replays iters^2 steps.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from provable_kernels.dispatch import recording
+from provable_kernels.sinkhorn import FusedMHC, SinkhornKnopp, sinkhorn
+from provable_kernels.sinkhorn import autograd as ops
+from provable_kernels.sinkhorn import triton_ops
+from provable_kernels.sinkhorn.oracle import sinkhorn_oracle
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: masked-off lanes divide by 0
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def logits(shape, scale=1.0, seed=0, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+
+
+def check(x: torch.Tensor, iters: int, domain: str, eps: float = 1e-6, use_triton: bool = True,
+          route: str | None = None) -> None:
+    """Output and gradient (weighted by a fixed random upstream gradient) against the float64 oracle."""
+    x = x.detach().requires_grad_()
+    with recording() as taken:
+        out = sinkhorn(x, iters, domain, eps, use_triton=use_triton)
+    if route is not None:
+        assert taken == [route]
+    weight = logits(x.shape, seed=7, dtype=torch.float64)
+    (out.double() * weight).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    ref = sinkhorn_oracle(x64, iters, domain, eps)
+    (ref * weight).sum().backward()
+    tol = TOL[x.dtype]
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(out.double(), ref.detach(), atol=tol, rtol=tol)
+    gtol = tol * max(1.0, float(x64.grad.abs().max()))
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=gtol * 10, rtol=tol * 10)
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+@pytest.mark.parametrize("shape", [(3, 1, 1), (5, 3, 3), (2, 2, 4, 4), (6, 6), (9, 5, 5)])
+def test_triton_matches_oracle(domain, shape):
+    check(logits(shape, seed=sum(shape)), 3, domain, route=f"sinkhorn.triton.{domain}.train")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_triton_dtypes(dtype):
+    for domain in ("log", "prob"):
+        check(logits((4, 3, 3), dtype=dtype), 2, domain)
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+def test_torch_backend_matches_oracle(domain):
+    check(logits((3, 4, 4)), 3, domain, use_triton=False, route=f"sinkhorn.torch.{domain}.train")
+
+
+def test_large_n_takes_the_torch_route():
+    check(logits((1, 65, 65)), 2, "log", route="sinkhorn.torch.large")
+
+
+def test_n_64_on_triton():
+    check(logits((1, 64, 64), scale=0.5), 1, "log", route="sinkhorn.triton.log.train")
+
+
+def test_packing_several_matrices_per_program_and_a_partial_block():
+    B, n = 37, 4
+    p = triton_ops.plan(B, n, DEVICE)
+    assert p.BM > 1 and B % p.BM != 0
+    check(logits((B, n, n), seed=3), 2, "log")
+    check(logits((B, n, n), seed=4), 2, "prob", eps=1e-3)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("domain", ["log", "prob"])
+def test_guards_neg_inf_huge_logits_and_all_neg_inf_rows(domain, use_triton):
+    x = logits((4, 4, 4), seed=5)
+    x[0] *= 1e4  # +-1e4: the log domain runs the log loop for this block
+    x[1, 2, 1] = float("-inf")
+    x[2, 1, :] = float("-inf")  # all -inf row
+    x[3, :, 2] = float("-inf")  # all -inf column: float32 stays exact through the flagged form
+    check(x, 3, domain, eps=1e-3, use_triton=use_triton)
+
+
+def test_all_neg_inf_rows_are_defined():
+    x = torch.full((1, 3, 3), float("-inf"), device=DEVICE)
+    uniform = torch.full((1, 3, 3), 1 / 3, dtype=torch.float64)
+    assert torch.allclose(sinkhorn(x, 2, "log").double().cpu(), uniform)
+    assert torch.allclose(sinkhorn(x, 2, "prob", eps=0.0).double().cpu(), uniform)
+
+
+def test_eps_zero_with_a_zero_column_stays_finite():
+    x = logits((2, 3, 3), seed=6)
+    x[:, :, 1] = float("-inf")
+    check(x, 2, "prob", eps=0.0)
+
+
+def test_scaling_form_stays_exact_at_the_span_threshold():
+    """Rows spanning just under RMAX (entries 0 or -29.9) with many iterations: no overflow or underflow."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.where(torch.rand(8, 4, 4, generator=g) < 0.5, 0.0, -29.9).to(DEVICE)
+    out = triton_ops.forward(x, 200, "log", 0.0)
+    torch.testing.assert_close(out.double().cpu(), sinkhorn_oracle(x.cpu(), 200, "log", 0.0), atol=2e-6, rtol=0)
+
+
+def test_empty_batch_and_2d_input():
+    x = torch.zeros(0, 3, 3, device=DEVICE, requires_grad=True)
+    out = sinkhorn(x, 2)
+    out.sum().backward()
+    assert out.shape == (0, 3, 3) and x.grad.shape == (0, 3, 3)
+    check(logits((5, 5)), 1, "prob")
+
+
+def test_infer_routes_and_bitwise_determinism():
+    x = logits((6, 5, 5))
+    for domain in ("log", "prob"):
+        with recording() as taken:
+            a = sinkhorn(x, 3, domain)
+        b = sinkhorn(x, 3, domain)
+        assert taken == [f"sinkhorn.triton.{domain}.infer"] and torch.equal(a, b)
+        g = logits(x.shape, seed=9)
+        assert torch.equal(ops.sinkhorn_backward(g, x, 3, domain, 1e-6), ops.sinkhorn_backward(g, x, 3, domain, 1e-6))
+
+
+def test_modules():
+    x = logits((2, 4, 4))
+    with recording() as taken:
+        a = SinkhornKnopp(3, "prob", 1e-4)(x)
+        b = FusedMHC(3)(x.to(torch.bfloat16))
+    assert taken == ["sinkhorn.triton.prob.infer", "sinkhorn.triton.log.infer"]
+    torch.testing.assert_close(a.double().cpu(), sinkhorn_oracle(x.cpu(), 3, "prob", 1e-4), atol=2e-5, rtol=0)
+    assert b.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="^iters"):
+        FusedMHC(0)
+    with pytest.raises(ValueError, match="^domain"):
+        SinkhornKnopp(domain="exp")
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.zeros(3, 4),), ValueError, "^x must be square"),
+    ((torch.zeros(3),), ValueError, "^x must have at least 2 dims"),
+    ((torch.zeros(3, 3, dtype=torch.int32),), TypeError, "^x must have dtype"),
+    (([[0.0]],), TypeError, "^x must be a torch.Tensor"),
+    ((torch.tensor([[0.0, float("nan")], [0.0, 0.0]]),), ValueError, "^x contains NaN or \\+inf"),
+    ((torch.tensor([[0.0, float("inf")], [0.0, 0.0]]),), ValueError, "^x contains NaN or \\+inf"),
+    ((torch.zeros(2, 2), 0), ValueError, "^iters must be >= 1"),
+    ((torch.zeros(2, 2), 2.0), TypeError, "^iters must be an int"),
+    ((torch.zeros(2, 2), True), TypeError, "^iters must be an int"),
+    ((torch.zeros(2, 2), 2, "exp"), ValueError, "^domain must be one of"),
+    ((torch.zeros(2, 2), 2, "prob", -1e-3), ValueError, "^eps must be a finite number >= 0"),
+    ((torch.zeros(2, 2), 2, "prob", "1e-3"), TypeError, "^eps must be a real number"),
+])
+def test_bad_inputs(args, error, message):
+    with pytest.raises(error, match=message):
+        sinkhorn(*args)
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+def test_opcheck_custom_ops(domain):
+    x = logits((3, 3, 3), seed=2).requires_grad_()
+    torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_forward, (x, 2, domain, 1e-3))
+    g = logits((3, 3, 3), seed=3)
+    torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_backward, (g, x.detach(), 2, domain, 1e-3))
+
+
+def test_compile_fullgraph():
+    op = torch.ops.provable_kernels.sinkhorn_forward
+    fn = torch.compile(lambda t: op(t, 2, "log", 0.0).square().sum(), fullgraph=True, backend="aot_eager")
+    x = logits((2, 3, 3)).requires_grad_()
+    fn(x).backward()
+    x64 = x.detach().double().requires_grad_()
+    sinkhorn_oracle(x64, 2, "log", 0.0).square().sum().backward()
+    torch.testing.assert_close(x.grad.double().cpu(), x64.grad.cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_guide_lane_mixing_example_runs():
+    text = (ROOT / "traces" / "guide" / "sinkhorn.md").read_text()
+    section = text.split("## Example: lane mixing", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "sinkhorn.md", "exec"), {"__name__": "guide_example"})
