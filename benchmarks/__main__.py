@@ -24,7 +24,7 @@ from benchmarks import adapters
 from benchmarks.adapters import FAMILIES, PHASES
 
 DEFAULT_BUDGET_S = 170.0
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # the same as benchmarks.site.RESULTS
 
 
 def split(text: str) -> list[str]:

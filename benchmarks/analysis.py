@@ -308,7 +308,8 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     copy = (header.get("floors") or {}).get("copy_bytes_per_s")
     plots.append(line_plot(out_dir / f"bandwidth_vs_{first}.{fmt}", rows, first,
                            lambda r: finite(r["bytes_per_s"]) and finite(r["bytes_per_s"]) / 1e9,
-                           "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor", labels.get(first, first),
+                           "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor",
+                           labels.get(first, first),
                            hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None))
     plots.append(line_plot(out_dir / f"memory_per_unit_vs_{first}.{fmt}", rows, first,
                            lambda r: finite(r["peak_mb"]) and finite(r[memory_column])

@@ -2,14 +2,14 @@
 
     python benchmarks/semicrf.py [--shapes all|quick|tiny] [--device cuda] [--out DIR] [--peers flash,struct]
 
-At the shapes of shared/ANCHORS.md (B, T, K, C), fp32 inputs, lengths = T, log semiring, for the forward pass and
-forward+backward (gradients of logZ.sum() for cum_scores, transition, duration_bias): median time, peak memory,
-the speed ratio peer/ours, accuracy against a float64 run of this project's PyTorch reference (logZ relative
-error, norm-wise relative error of each gradient) where that run fits the wall-clock budget, and the fraction
-of the hardware floor reached (benchmarks/common.py measures the floors in the same run).
+At the anchor shapes of the semi-CRF targets (B, T, K, C), fp32 inputs, lengths = T, log semiring, for the forward
+pass and forward+backward (gradients of logZ.sum() for cum_scores, transition, duration_bias): median time, peak
+memory, the speed ratio peer/ours, accuracy against a float64 run of this project's PyTorch reference (logZ
+relative error, norm-wise relative error of each gradient) where that run fits the wall-clock budget, and the
+fraction of the hardware floor reached (benchmarks/common.py measures the floors in the same run).
 
-Every implementation computes the same model, this project's convention (shared/DESIGN.md); each peer gets
-inputs mapped to it (differentiably, so its gradients are compared in our parameters):
+Every implementation computes the same model, this project's convention (kernels/semicrf docstrings); each peer
+gets inputs mapped to it (differentiably, so its gradients are compared in our parameters):
 
 - flash-semicrf 0.2.0 (``flash_semicrf.streaming.semi_crf_streaming_forward``) has the same cum_scores layout,
   ``transition[src, dst]`` and durations 1..K with ``duration_bias[d-1]``, but its first segment pays

@@ -9,9 +9,9 @@ Run on a CUDA machine from the repository root::
    (logZ relative error, gradients norm-wise relative error), 3-D transitions with projections and variable
    lengths, the max semiring, Viterbi paths (float64 inputs, identical to the reference), bitwise determinism;
 3. precision at B=1, T=100,000, K=64, C=8 (zero-mean and biased scores, with projections);
-4. timings (triton.testing.do_bench, median, L2 flushed between runs) at the shared/ANCHORS.md shapes: forward and
-   forward+backward through the public API and through the backend alone, Viterbi, peak memory, per-step time;
-   a warps sweep; and the sequential-step floor (a kernel doing only one ring load, one column reduction, one
+4. timings (triton.testing.do_bench, median, L2 flushed between runs) at the anchor shapes of the semi-CRF targets:
+   forward and forward+backward through the public API and through the backend alone, Viterbi, peak memory, per-step
+   time; a warps sweep; and the sequential-step floor (a kernel doing only one ring load, one column reduction, one
    store and one barrier per step).
 
 Prints a table last and writes everything to DIR/gpu_check.json. Numbers go to benchmarks/NOTES-semicrf.md.
@@ -35,7 +35,7 @@ import triton.language as tl  # noqa: E402
 from provable_kernels.semicrf import reference, triton_ops  # noqa: E402
 from provable_kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
 
-ANCHORS = {  # B, T, K, C -> flash-semicrf fwd ms, fwd+bwd ms (H200, shared/ANCHORS.md)
+ANCHORS = {  # B, T, K, C -> flash-semicrf fwd ms, fwd+bwd ms (H200, measured before this project)
     (4, 1024, 16, 12): (16.9, 131.0),
     (16, 4096, 32, 24): (159.0, 1887.0),
     (64, 1000, 100, 24): (130.0, 1430.0),

@@ -20,6 +20,7 @@ from benchmarks.common import blob_id, fmt
 from benchmarks.runner import finite, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 PAGES = REPO / "traces" / "guide" / "benchmarks"
 KEY_PLOTS = ("time_vs_{first}.png", "ratio_heatmap_both.png", "ratio_heatmap_forward.png",
              "bandwidth_vs_{first}.png", "backward_forward.png")

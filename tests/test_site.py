@@ -133,11 +133,16 @@ def test_every_page_renders_offline(site: Path, base_url: str, browser) -> None:
     """Every diagram is an SVG showing every label of its source; no console error; no request off localhost."""
     context, leaks = offline_context(browser)
     screenshots = os.environ.get("SENTINEL_SCREENSHOTS")
-    diagrams = 0
+    diagrams = plots = 0
     for path in page_paths(site):
         page = context.new_page()
         errors = console_errors(page)
         page.goto(base_url + path, wait_until="networkidle")
+        broken = page.evaluate("() => [...document.images].filter(i => !(i.complete && i.naturalWidth > 0))"
+                               ".map(i => i.src)")
+        assert not broken, f"{path}: images that did not load: {broken}"
+        if path.startswith("guide/benchmarks/"):
+            plots += page.evaluate("() => document.images.length")
         sources = [html.unescape(s) for s in MERMAID_BLOCK.findall((site / path / "index.html").read_text())]
         if sources:
             page.wait_for_function("n => document.querySelectorAll('div.mermaid').length >= n", arg=len(sources))
@@ -156,6 +161,8 @@ def test_every_page_renders_offline(site: Path, base_url: str, browser) -> None:
         page.close()
     context.close()
     assert diagrams >= 2, "the trace site shows no Mermaid diagram"
+    benchmark_pages = (REPO / "traces" / "guide" / "benchmarks").glob("*.md")
+    assert plots == sum(p.read_text().count("\n![") for p in benchmark_pages), "benchmark plots missing from pages"
     assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
 
 

@@ -1,0 +1,67 @@
+"""The benchmark pages of the trace site (``python -m benchmarks site``): current with the committed results, and
+marked STALE when the family's sources changed since the run."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import site  # noqa: E402
+from benchmarks.analysis import analyze  # noqa: E402
+from benchmarks.common import blob_id  # noqa: E402
+
+SYNTHETIC = ROOT / "tests" / "test_benchmarks_analysis.py"
+
+
+def test_committed_pages_are_current():
+    stale = site.write_pages(site.RESULTS, check=True)
+    assert not stale, f"run `python -m benchmarks site` and commit: {stale}"
+
+
+def make_results(tmp_path: Path, sources: dict) -> Path:
+    """A results tree with a synthetic semi-CRF run (the CSV of the analysis test) and its plots."""
+    sys.path.insert(0, str(SYNTHETIC.parent))
+    from test_benchmarks_analysis import synthetic_csv
+
+    run = tmp_path / "results" / "semicrf"
+    run.mkdir(parents=True)
+    synthetic_csv(run / "benchmark_full.csv")
+    header = {"family": "semicrf", "device": {"type": "cuda", "name": "Test GPU"}, "commit": "abc123",
+              "started": "2026-11-23T00:00:00Z", "versions": {"torch": "2.11"}, "sources": sources,
+              "floors": {"description": "copy 3 TB/s", "copy_bytes_per_s": 3e12},
+              "settings": {"timing": "CUDA events", "notes": ["a note"]}}
+    (run / "benchmark_full.json").write_text(json.dumps(header))
+    analyze(run / "benchmark_full.csv", run / "plots", "png")
+    return tmp_path / "results"
+
+
+def test_page_shows_run_plots_and_table_and_marks_stale(tmp_path):
+    current = site.current_sources("semicrf")
+    assert current and all(blob == blob_id(ROOT / p) for p, blob in current.items())
+    results = make_results(tmp_path, current)
+    pages = tmp_path / "pages"
+    assert site.write_pages(results, pages=pages)  # written the first time
+    assert site.write_pages(results, check=True, pages=pages) == []  # then current
+    text = (pages / "semicrf.md").read_text()
+    assert "STALE" not in text and "Test GPU" in text and "`abc123`" in text and "2026-11-23" in text
+    assert "| B=4,T=100,K=8,C=3,semiring=Log | forward | 2 ms | 1 ms (0.5x) |" in text
+    images = [line for line in text.splitlines() if line.startswith("![")]
+    assert len(images) >= 3
+    for line in images:
+        name = line.split("(")[1].rstrip(")")
+        assert (pages / name).stat().st_size > 0, name
+
+    changed = dict(current)
+    path = next(iter(changed))
+    changed[path] = "0" * 40
+    shutil.rmtree(results)
+    results = make_results(tmp_path, changed)
+    assert site.write_pages(results, check=True, pages=pages) == [str(pages / "semicrf.md")]
+    site.write_pages(results, pages=pages)
+    text = (pages / "semicrf.md").read_text()
+    assert '!!! warning "STALE"' in text and f"`{path}`" in text
