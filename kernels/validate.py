@@ -111,13 +111,16 @@ class DataChecks:
     A failed value check never becomes a wrong number in either mode.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, at_sync_point: bool = False) -> None:
+        """``at_sync_point``: the caller reads results on the host anyway (e.g. returns Python values), so the
+        checks use host mode wherever a host read is possible at all."""
         self._pending: list[tuple[torch.Tensor, Callable[[], None], str]] = []
         self._host: Optional[bool] = None  # decided at the first queued check, from that tensor and the state
+        self._at_sync_point = at_sync_point
 
     def _queue(self, x: torch.Tensor, ok: torch.Tensor, explain: Callable[[], None], what: str) -> None:
         if self._host is None:
-            self._host = host_reads_allowed(x)
+            self._host = host_reads_allowed(x, at_sync_point=self._at_sync_point)
         self._pending.append((ok, explain, what))
 
     @property
@@ -205,10 +208,11 @@ def value_checks(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
-def host_reads_allowed(x: torch.Tensor) -> bool:
+def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
     """Whether value checks on ``x`` are read on the host now (host mode of :class:`DataChecks`), decided from
     the state at call time: never while compiling, capturing a CUDA graph, under ``torch.func`` transforms or for
-    meta/fake tensors; otherwise per :func:`value_checks`."""
+    meta/fake tensors; otherwise always ``at_sync_point`` (the caller syncs anyway), else per
+    :func:`value_checks`."""
     if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):
         return False
     if torch._C._are_functorch_transforms_active():
@@ -216,7 +220,7 @@ def host_reads_allowed(x: torch.Tensor) -> bool:
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
     mode = _MODE.get()
-    return mode == "sync" or (mode == "auto" and x.device.type == "cpu")
+    return at_sync_point or mode == "sync" or (mode == "auto" and x.device.type == "cpu")
 
 
 def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -109,3 +109,12 @@ def test_functorch_transforms_take_device_mode():
 def test_poison_rejects_integer_outputs():
     with pytest.raises(TypeError, match="poison needs a float tensor"):
         validate.poison(torch.tensor(True), torch.ones(2, dtype=torch.int64))
+
+
+def test_at_sync_point_reads_on_the_host_even_in_device_mode():
+    checks = validate.DataChecks(at_sync_point=True)
+    with validate.value_checks("device"):
+        checks.finite("scores", torch.tensor([math.nan]))
+    assert not checks.deferred
+    with pytest.raises(ValueError, match="^scores contains NaN or inf"):
+        checks.flag()
