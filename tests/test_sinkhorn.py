@@ -142,7 +142,7 @@ def test_modules():
     assert taken == ["sinkhorn.triton.prob.infer", "sinkhorn.triton.log.infer"]
     torch.testing.assert_close(a.double().cpu(), sinkhorn_oracle(x.cpu(), 3, "prob", 1e-4), atol=2e-5, rtol=0)
     assert b.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="^iters"):
+    with pytest.raises(ValueError, match="^mhc_iters"):
         FusedMHC(0)
     with pytest.raises(ValueError, match="^domain"):
         SinkhornKnopp(domain="exp")

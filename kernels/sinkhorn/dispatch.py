@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from provable_kernels import validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
 from provable_kernels.sinkhorn import autograd, torch_ops, triton_ops
 from provable_kernels.sinkhorn.call import DOMAINS, SinkhornCall, make_call, require_call
@@ -136,8 +137,7 @@ class FusedMHC(nn.Module):
 
     def __init__(self, mhc_iters: int = 20):
         super().__init__()
-        make_call(torch.zeros(1, 1), mhc_iters)
-        self.mhc_iters = mhc_iters
+        self.mhc_iters = validate.positive_int("mhc_iters", mhc_iters)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device_type = x.device.type if isinstance(x, torch.Tensor) else "cpu"

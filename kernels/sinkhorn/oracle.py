@@ -31,3 +31,35 @@ def sinkhorn_oracle(x: torch.Tensor, iters: int, domain: str, eps: float) -> tor
         p = p / _nonzero(p.sum(dim=-1, keepdim=True) + eps)
         p = p / _nonzero(p.sum(dim=-2, keepdim=True) + eps)
     return p
+
+
+def sinkhorn_scaling_oracle(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
+    """The same function derived as matrix scaling, in float64: ``P = diag(r) K diag(c)``.
+
+    Log domain: ``K = exp(max(x, -1e5) - rowmax)``, then ``iters`` times ``r = 1 / (K c)``, ``c = 1 / (K^T r)``
+    (from ``c = 1``); valid while ``K`` does not underflow (rows spanning less than ~700). Probability domain:
+    ``p0 = softmax + eps``, then the divisions of the loop applied to the scaling vectors only. This is the
+    derivation the Triton kernels use; comparing it with :func:`sinkhorn_oracle` proves the reformulation.
+    """
+    x = x.to(torch.float64)
+    if domain == "log":
+        w = torch.clamp(x, min=-1e5)
+        K = torch.exp(w - w.amax(dim=-1, keepdim=True).detach())
+        c = torch.ones_like(K[..., :1, :])
+        for _ in range(iters):
+            r = 1.0 / (K * c).sum(dim=-1, keepdim=True)
+            c = 1.0 / (K * r).sum(dim=-2, keepdim=True)
+        return r * K * c
+    flat = torch.isneginf(x).all(dim=-1, keepdim=True)
+    p0 = torch.softmax(torch.where(flat, torch.zeros_like(x), x), dim=-1) + eps
+    r = torch.ones_like(p0[..., :, :1])
+    c = _scaled(torch.ones_like(p0[..., :1, :]), (p0 * r).sum(dim=-2, keepdim=True), eps)
+    for _ in range(iters - 1):
+        r = _scaled(r, (p0 * c).sum(dim=-1, keepdim=True), eps)
+        c = _scaled(c, (p0 * r).sum(dim=-2, keepdim=True), eps)
+    return r * p0 * c
+
+
+def _scaled(v: torch.Tensor, total: torch.Tensor, eps: float) -> torch.Tensor:
+    """``v / (v * total + eps)``: one division step on a scaling vector (a zero denominator divides by 1)."""
+    return v / _nonzero(v * total + eps)

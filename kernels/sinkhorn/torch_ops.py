@@ -35,7 +35,7 @@ def _log(x: torch.Tensor, iters: int) -> torch.Tensor:
     for _ in range(iters):
         w, flag = _norm(w, flag, -1)
         w, flag = _norm(w, flag, -2)
-    return w.exp().masked_fill(flag, 0.0)
+    return w.masked_fill(flag, float("-inf")).exp()
 
 
 def _div(p: torch.Tensor, total: torch.Tensor, eps: float) -> torch.Tensor:
