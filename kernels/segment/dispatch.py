@@ -1,9 +1,10 @@
 """Segment-reduction dispatch: conditions, route bodies, the decision tree (data) and the public entry points.
 
 Conventions are in :mod:`provable_kernels.segment.call`. The tree asks, in order: which entry point (``reduce``:
-segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction, whether a
-gradient is wanted, the index form and, for Triton, the shape regime (one row block, or row blocks with a
-combine pass for segments that span blocks).
+segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction; for
+Triton, whether a gradient is wanted, then for inference the shape regime (one row block, or row blocks with a
+combine pass for segments that span blocks) and for training the index form (offsets or ids). The PyTorch
+backend runs the same code with or without a gradient, and both index forms through CSR offsets.
 """
 from __future__ import annotations
 
@@ -119,15 +120,17 @@ def torch_adjoint(call: SegmentCall) -> torch.Tensor:
 
 
 def _triton_reduce_subtree() -> Branch:
-    def leaves(reduce: str, grad: str, index: str) -> Branch:
-        body = triton_infer if grad == "infer" else triton_train
-        return Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.{grad}.{index}.{rows}", body)
-                             for rows in ROWS.outcomes})
+    """Inference branches on the shape regime (the forward is the whole cost; the regime decides the passes);
+    training branches on the index form (the backward kernel looks rows' segments up by form)."""
+    def grads(reduce: str) -> Branch:
+        return Branch(GRAD, {
+            "infer": Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.infer.{rows}", triton_infer)
+                                   for rows in ROWS.outcomes}),
+            "train": Branch(INDEX, {index: Route(f"segment.triton.{reduce}.train.{index}", triton_train)
+                                    for index in INDEX.outcomes}),
+        })
 
-    return Branch(REDUCE, {
-        reduce: Branch(GRAD, {grad: Branch(INDEX, {index: leaves(reduce, grad, index) for index in INDEX.outcomes})
-                              for grad in GRAD.outcomes})
-        for reduce in REDUCTIONS})
+    return Branch(REDUCE, {reduce: grads(reduce) for reduce in REDUCTIONS})
 
 
 TREE = Tree(
@@ -135,16 +138,11 @@ TREE = Tree(
     Branch(OP, {
         "reduce": Branch(BACKEND, {
             "triton": _triton_reduce_subtree(),
-            "torch": Branch(REDUCE, {
-                reduce: Branch(GRAD, {grad: Route(f"segment.torch.{reduce}.{grad}", torch_reduce)
-                                      for grad in GRAD.outcomes})
-                for reduce in REDUCTIONS}),
+            "torch": Branch(REDUCE, {reduce: Route(f"segment.torch.{reduce}", torch_reduce) for reduce in REDUCTIONS}),
         }),
         "adjoint": Branch(BACKEND, {
-            "triton": Branch(EXTREME, {
-                extreme: Branch(INDEX, {index: Route(f"segment.triton.{extreme}_backward.{index}", triton_adjoint)
-                                        for index in INDEX.outcomes})
-                for extreme in EXTREME.outcomes}),
+            "triton": Branch(EXTREME, {extreme: Route(f"segment.triton.{extreme}_backward", triton_adjoint)
+                                       for extreme in EXTREME.outcomes}),
             "torch": Branch(EXTREME, {extreme: Route(f"segment.torch.{extreme}_backward", torch_adjoint)
                                       for extreme in EXTREME.outcomes}),
         }),

@@ -24,7 +24,7 @@ def offsets_from_ids(ids: torch.Tensor, num_segments: int) -> list[int]:
 
 def _columns(x: torch.Tensor) -> list[list[float]]:
     """Rows of ``x`` flattened to columns, as float64 Python lists."""
-    return x.detach().double().reshape(x.shape[0], -1).cpu().tolist()
+    return x.detach().double().reshape(x.shape[0], math.prod(x.shape[1:])).cpu().tolist()
 
 
 def _extreme_row(rows: list[list[float]], lo: int, hi: int, col: int, reduce: str) -> int:
@@ -75,3 +75,61 @@ def segment_grad(x: torch.Tensor, reduce: str, offsets: list[int], grad_output: 
             else:
                 grad[_extreme_row(rows, lo, hi, c, reduce)][c] = g[s][c]
     return torch.tensor(grad, dtype=torch.float64).reshape(x.shape)
+
+
+def _membership(offsets: list[int], rows: int) -> torch.Tensor:
+    """(S, N) bool: row r belongs to segment s."""
+    r = torch.arange(rows)
+    lo, hi = torch.tensor(offsets[:-1]), torch.tensor(offsets[1:])
+    return (r[None, :] >= lo[:, None]) & (r[None, :] < hi[:, None])
+
+
+def dense_first_rows(x: torch.Tensor, reduce: str, offsets: list[int]) -> torch.Tensor:
+    """(S, D) int64 first row of the max / min (first NaN) of each segment and column, by a dense (S, N, D) mask
+    and ``argmax`` (which returns the first maximal index); N for empty segments."""
+    x2 = x.detach().double().reshape(x.shape[0], math.prod(x.shape[1:])).cpu()
+    if x2.shape[0] == 0:
+        return torch.zeros(len(offsets) - 1, x2.shape[1], dtype=torch.int64)
+    inside = _membership(offsets, x2.shape[0])[:, :, None]
+    key = torch.where(inside, x2[None] if reduce == "max" else -x2[None], -math.inf)
+    nan = torch.isnan(key) & inside
+    top = torch.where(nan, -math.inf, key).amax(1, keepdim=True)
+    hit = torch.where(nan.any(1, keepdim=True), nan, (key == top) & inside)
+    first = torch.cat([hit, torch.ones_like(hit[:, :1])], 1).int().argmax(1)  # row N when nothing matches
+    return first
+
+
+def dense_reduce(x: torch.Tensor, reduce: str, offsets: list[int], empty: float = 0.0) -> torch.Tensor:
+    """The same as :func:`segment_reduce`, computed differently: a dense (S, N) membership matrix in float64 (the
+    members' ``sum`` for sums, a gather at :func:`dense_first_rows` for max / min)."""
+    x2 = x.detach().double().reshape(x.shape[0], math.prod(x.shape[1:])).cpu()
+    S = len(offsets) - 1
+    counts = torch.tensor(offsets).diff().double()[:, None]
+    if reduce in ("sum", "mean"):
+        # mask @ x would turn 0 * inf into NaN outside the segment: sum only the members
+        members = _membership(offsets, x2.shape[0])
+        value = torch.stack([x2[m].sum(0) for m in members]) if S else x2.new_zeros(0, x2.shape[1])
+        if reduce == "mean":
+            value = value / counts.clamp(min=1)
+    else:
+        first = dense_first_rows(x, reduce, offsets)
+        padded = torch.cat([x2, x2.new_zeros(1, x2.shape[1])])
+        value = padded.gather(0, first)
+    value = torch.where(counts > 0, value, torch.full_like(value, empty))
+    return value.reshape(S, *x.shape[1:])
+
+
+def dense_grad(x: torch.Tensor, reduce: str, offsets: list[int], grad_output: torch.Tensor) -> torch.Tensor:
+    """The same as :func:`segment_grad` by the dense membership matrix: ``mask.T @ g`` (scaled for mean), or a
+    scatter of ``g`` at :func:`dense_first_rows`."""
+    x2 = x.detach().double().reshape(x.shape[0], math.prod(x.shape[1:])).cpu()
+    g = grad_output.detach().double().reshape(len(offsets) - 1, math.prod(x.shape[1:])).cpu()
+    N = x2.shape[0]
+    if reduce in ("sum", "mean"):
+        mask = _membership(offsets, N).double()
+        if reduce == "mean":
+            mask = mask / mask.sum(1, keepdim=True).clamp(min=1)
+        grad = mask.T @ g
+    else:
+        grad = x2.new_zeros(N + 1, x2.shape[1]).scatter_(0, dense_first_rows(x, reduce, offsets), g)[:N]
+    return grad.reshape(x.shape)
