@@ -49,6 +49,7 @@ from benchmarks.common import (
     write_json,
 )
 
+REFERENCE_SHARE = 0.25  # the float64 reference may take this much of the budget left, estimated
 FINAL = ("ok", "oom", "error")  # statuses --resume keeps (a skipped measurement is tried again)
 ROW_COLUMNS = ("impl", "ours", "phase", "status", "time_ms", "time_min_ms", "time_max_ms", "time_iqr_ms", "reps",
                "first_call_s", "compiles", "peak_mb", "bytes", "steps", "floor_ms", "floor_kind", "floor_fraction",
@@ -289,8 +290,8 @@ class Runner:
             from kernel_sentinel.registry import families
 
             family = next((f for f in families() if f.name == self.adapter.name), None)
-        except ImportError as exc:
-            return {"sources": {}, "sources_note": f"kernel_sentinel not importable: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - a broken registry must not cost the benchmark; recorded
+            return {"sources": {}, "sources_note": f"the sentinel registry failed: {type(exc).__name__}: {exc}"}
         if family is None:
             return {"sources": {}, "sources_note": f"no family {self.adapter.name!r} in the sentinel registry"}
         return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}}
@@ -385,6 +386,20 @@ class Runner:
         m.result = m.warmup_result = None
         return row
 
+    def reference(self, problem: Any, small: Any, scale: float, config: dict) -> tuple[Optional[tuple], str]:
+        """The float64 reference values, unless its cost (timed on the shrunk problem and scaled, where the adapter
+        shrinks) would take more than REFERENCE_SHARE of the budget left."""
+        if self.deadline.remaining() <= 0:
+            return None, "skipped: wall-clock budget spent"
+        if small is not problem:
+            seconds, (_, status) = self.timer.wall(lambda: reference_values(self.adapter, small, config, self.seed))
+            if status != "ok":
+                return None, status
+            if seconds * scale > REFERENCE_SHARE * self.deadline.remaining():
+                return None, (f"skipped: float64 reference would take ~{seconds * scale:.3g} s (estimate), "
+                              f"{self.deadline.remaining():.3g} s of the budget left")
+        return reference_values(self.adapter, problem, config, self.seed)
+
     def run_config(self, config: dict, report) -> None:
         label = self.adapter.label(config)
         todo = [(impl, phase) for impl in self.impls for phase in self.phases
@@ -407,11 +422,9 @@ class Runner:
                                                         else f"skipped: {reason}"}
                 report(1)
             return
-        reference, ref_status = (None, "skipped: wall-clock budget spent")
-        if self.deadline.remaining() > 0:
-            reference, ref_status = reference_values(self.adapter, problem, config, self.seed)
-        self.spec: dict[str, tuple] = {}
         small, scale = self.adapter.shrink(problem, config) if self.adapter.shrink else (problem, 1.0)
+        reference, ref_status = self.reference(problem, small, scale, config)
+        self.spec: dict[str, tuple] = {}
         for impl in self.impls:
             phases = [p for i, p in todo if i is impl]
             if not phases:

@@ -32,7 +32,7 @@ def current_sources(family: str) -> Optional[dict[str, str]]:
         from kernel_sentinel.registry import families
 
         found = next((f for f in families() if f.name == family), None)
-    except ImportError:
+    except Exception:  # noqa: BLE001 - a broken registry means freshness cannot be told (the page says so)
         return None
     if found is None:
         return None

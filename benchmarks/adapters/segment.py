@@ -148,7 +148,8 @@ ADAPTER = Adapter(
     size_column="elements",
     size_unit="elements (N*D)",
     plot_axes=("N", "D", "avg_length"),
-    order=lambda c: (c["dtype"], c["reduce"], c["D"], c["N"] * c["D"], c["S"]),
+    # cheapest first; one-segment configurations last (torch.segment_reduce takes seconds there)
+    order=lambda c: (c["dtype"], c["S"] == 1, c["N"] * c["D"], c["D"], c["S"], c["dist"], c["reduce"]),
     notes=("no empty segments; int64 indices prepared untimed",
            "floor bytes: x read + output written (+ int32 argmax for max/min with backward); backward: upstream "
            "(+ argmax) read, grad_x written"),
