@@ -70,46 +70,54 @@ def close(value: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> t
 
 
 def check_routes(device) -> list[dict]:
-    """Every Triton route at four dtypes against the oracle; upstream gradients of both signs."""
+    """Every Triton route at four dtypes against the oracle, each index form and row regime the route admits;
+    upstream gradients of both signs."""
     rows = []
     for route, path in TREE.paths():
         where = {c.name: o for c, o in path}
         if where["backend"] != "triton":
             continue
+        reduce = where.get("reduce", where.get("extreme"))
+        forms = (where["index"],) if "index" in where else ("offsets", "ids")
+        regimes = (where["rows"],) if "rows" in where else ("one_block", "blocked")
         for dtype_name, dtype in DTYPES.items():
-            for regime in (("one_block", "blocked") if "rows" not in where else (where["rows"],)):
-                x, offsets = small_problem(regime, dtype, device, seed=len(rows))
-                reduce = where.get("reduce", where.get("extreme"))
-                S = offsets.numel() - 1
-                ids = torch.repeat_interleave(torch.arange(S, device=device), offsets.diff())
-                index = {"offsets": offsets} if where["index"] == "offsets" else {"ids": ids}
-                bounds = offsets.tolist()
-                for sign in (1.0, -1.0):
-                    upstream = (sign * torch.rand(S, 3, generator=torch.Generator().manual_seed(7))).to(dtype)
-                    upstream = upstream.to(device)
-                    leaf = x.clone().requires_grad_(where.get("grad") == "train")
-                    with recording() as taken:
-                        if where["op"] == "reduce":
-                            value = segment_reduce(leaf, reduce, empty=-1.5, **index,
-                                                   **({"num_segments": S} if "ids" in index else {}))
-                        else:
-                            adjoint = segment_max_backward if reduce == "max" else segment_min_backward
-                            value = adjoint(upstream, x, **index)
-                    row = {"route": route.id, "dtype": dtype_name, "regime": regime, "sign": sign,
-                           "taken": taken[0] if taken else None}
-                    if where["op"] == "reduce":
-                        ok, err = close(value, oracle.segment_reduce(x, reduce, bounds, -1.5), dtype)
-                        row.update(value_ok=ok, value_err=err)
-                        if where["grad"] == "train":
-                            value.backward(upstream)
-                            ok, err = close(leaf.grad, oracle.segment_grad(x, reduce, bounds, upstream), dtype)
-                            row.update(grad_ok=ok, grad_err=err)
-                    else:
-                        ok, err = close(value, oracle.segment_grad(x, reduce, bounds, upstream), dtype)
-                        row.update(grad_ok=ok, grad_err=err)
-                    row["pass"] = (row["taken"] == route.id and row.get("value_ok", True) and row.get("grad_ok", True))
-                    rows.append(row)
+            for regime in regimes:
+                for form in forms:
+                    x, offsets = small_problem(regime, dtype, device, seed=len(rows))
+                    S = offsets.numel() - 1
+                    ids = torch.repeat_interleave(torch.arange(S, device=device), offsets.diff())
+                    index = {"offsets": offsets} if form == "offsets" else {"ids": ids}
+                    for sign in (1.0, -1.0):
+                        rows.append(check_one(route.id, where, reduce, x, index, S, offsets.tolist(), sign,
+                                              dtype_name, regime, form))
     return rows
+
+
+def check_one(route_id, where, reduce, x, index, S, bounds, sign, dtype_name, regime, form) -> dict:
+    dtype, device = x.dtype, x.device
+    upstream = (sign * torch.rand(S, 3, generator=torch.Generator().manual_seed(7))).to(dtype).to(device)
+    leaf = x.clone().requires_grad_(where.get("grad") == "train")
+    with recording() as taken:
+        if where["op"] == "reduce":
+            value = segment_reduce(leaf, reduce, empty=-1.5, **index,
+                                   **({"num_segments": S} if "ids" in index else {}))
+        else:
+            adjoint = segment_max_backward if reduce == "max" else segment_min_backward
+            value = adjoint(upstream, x, **index)
+    row = {"route": route_id, "dtype": dtype_name, "regime": regime, "form": form, "sign": sign,
+           "taken": taken[0] if taken else None}
+    if where["op"] == "reduce":
+        ok, err = close(value, oracle.segment_reduce(x, reduce, bounds, -1.5), dtype)
+        row.update(value_ok=ok, value_err=err)
+        if where["grad"] == "train":
+            value.backward(upstream)
+            ok, err = close(leaf.grad, oracle.segment_grad(x, reduce, bounds, upstream), dtype)
+            row.update(grad_ok=ok, grad_err=err)
+    else:
+        ok, err = close(value, oracle.segment_grad(x, reduce, bounds, upstream), dtype)
+        row.update(grad_ok=ok, grad_err=err)
+    row["pass"] = row["taken"] == route_id and row.get("value_ok", True) and row.get("grad_ok", True)
+    return row
 
 
 def first_arg_reference(x64: torch.Tensor, offsets: torch.Tensor, reduce: str) -> torch.Tensor:
