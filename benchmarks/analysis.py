@@ -16,8 +16,8 @@ Definitions (every ratio is computed here, at analysis time, from the medians in
   ``time_ratio``, the median and best floor fraction, the largest peak memory.
 
 Outputs: summary_stats.csv, baseline_ratios.csv, backward_forward_ratios.csv, <variant>_overhead.csv,
-crossover_points.csv, and plots (time against each plot axis, throughput and bytes/s against the first, bytes/s
-against the copy-bandwidth floor, memory per unit of size, backward/forward ratios, ratio heatmaps per phase,
+crossover_points.csv, and plots (time and floor bytes/s, with the copy-bandwidth floor, against each plot axis;
+throughput and memory per unit of size against the first; backward/forward ratios; ratio heatmaps per phase;
 variant overhead), one legend entry per implementation.
 """
 from __future__ import annotations
@@ -306,11 +306,11 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     plots.append(line_plot(out_dir / f"throughput_vs_{first}.{fmt}", rows, first, lambda r: finite(r["throughput"]),
                            f"throughput ({unit} / s)", f"{adapter.title}: throughput", labels.get(first, first)))
     copy = (header.get("floors") or {}).get("copy_bytes_per_s")
-    plots.append(line_plot(out_dir / f"bandwidth_vs_{first}.{fmt}", rows, first,
-                           lambda r: finite(r["bytes_per_s"]) and finite(r["bytes_per_s"]) / 1e9,
-                           "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor",
-                           labels.get(first, first),
-                           hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None))
+    plots += [line_plot(out_dir / f"bandwidth_vs_{axis}.{fmt}", rows, axis,
+                        lambda r: finite(r["bytes_per_s"]) and finite(r["bytes_per_s"]) / 1e9,
+                        "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor", labels.get(axis, axis),
+                        hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None)
+              for axis in adapter.plot_axes]
     plots.append(line_plot(out_dir / f"memory_per_unit_vs_{first}.{fmt}", rows, first,
                            lambda r: finite(r["peak_mb"]) and finite(r[memory_column])
                            and finite(r["peak_mb"]) * 2**20 / finite(r[memory_column]),

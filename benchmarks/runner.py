@@ -331,7 +331,9 @@ class Runner:
                  "status": r["status"], "feasible": str(r["status"]) == "ok"})
         write_json(self.out_dir / "heatmap_data.json", {"family": self.adapter.name, "feasibility": heatmap})
         self.header.update(elapsed_s=self.deadline.elapsed(), resumed_rows=self.resumed,
-                           compile={"counted": self.compiles.available, "triton_compilations": self.compiles.count})
+                           compile={"counted": self.compiles.available, "triton_compilations": self.compiles.count,
+                                    "per_impl": {i.name: sum(int(r.get("compiles") or 0) for r in rows
+                                                             if r["impl"] == i.name) for i in self.impls}})
         write_json(self.out_dir / "benchmark_full.json", self.header)
 
     # -- measuring

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -195,3 +196,25 @@ def test_semicrf_peer_mappings_compute_our_model_in_both_semirings(peer, semirin
     prepared = adapter.impl(peer).prepare(problem, config)
     got = prepared.call(*prepared.args)
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=1e-10)
+
+
+def test_liger_peer_computes_the_prob_domain_definition():
+    """Liger-Kernel's mHC Sinkhorn with alpha 1, bias 0 (the adapter's mapping, run by the Triton interpreter)
+    gives the prob-domain Sinkhorn of the definition and its gradient (float64 loop written in the adapter)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.fail("liger-kernel is not installed: the benchmark tests need the bench extra "
+                    "(pip install -e '.[bench]')")
+    from benchmarks.adapters import sinkhorn
+
+    config = {"B": 3, "n": 4, "iters": 5, "domain": "prob", "dtype": "float32"}
+    x = sinkhorn.build(config, CPU, 0)
+    prepared = sinkhorn.prepare_liger(x, config)
+    leaf = x.detach().requires_grad_()
+    out = prepared.call(leaf)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    grad, = torch.autograd.grad(out, leaf, upstream)
+    x64 = x.double().requires_grad_()
+    want = sinkhorn.naive(x64, config["iters"], "prob")
+    want_grad, = torch.autograd.grad(want, x64, upstream.double())
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.double(), want_grad, rtol=1e-5, atol=1e-6)
