@@ -226,3 +226,22 @@ def test_guide_example_runs():
     assert blocks, "the guide has no python example"
     for block in blocks:
         exec(compile(block, "segment.md", "exec"), {})
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
+    """With value checks on the device (the CUDA default), bad indices are clamped into bounds and the outputs
+    are NaN: never a silent number, never an out-of-bounds access."""
+    from provable_kernels import validate
+
+    x = torch.randn(6, 2)
+    bad = [dict(ids=torch.tensor([0, 0, 5, 1, 1, 1]), num_segments=3), dict(offsets=torch.tensor([0, 4, 2, 6])),
+           dict(offsets=torch.tensor([1, 2, 2, 9]))]
+    with validate.value_checks("device"):
+        for kwargs in bad:
+            for reduce in ("sum", "max"):
+                assert torch.isnan(segment_reduce(x, reduce, use_triton=use_triton, **kwargs)).all()
+        grad = segment_max_backward(torch.ones(3, 2), x, offsets=torch.tensor([0, 4, 2, 9]), use_triton=use_triton)
+        assert torch.isnan(grad).any()
+        good = segment_reduce(x, "sum", offsets=torch.tensor([0, 2, 2, 6]), use_triton=use_triton)
+    torch.testing.assert_close(good.double(), oracle.segment_reduce(x, "sum", [0, 2, 2, 6]), rtol=1e-6, atol=1e-6)

@@ -7,8 +7,12 @@ Conventions (one, everywhere):
 - Exactly one index form: CSR ``offsets`` (S+1,) int32 / int64 with ``offsets[0] = 0``, ``offsets[-1] = N``,
   non-decreasing; or sorted ``ids`` (N,) int32 / int64 with values in [0, num_segments). Without
   ``num_segments`` the ids form reads S = ids[-1] + 1 from the device: one extra host sync.
-- Value checks (sortedness, ranges, offsets ending at N) run as one batch of device reductions read with one
-  host sync (:class:`provable_kernels.validate.DataChecks`).
+- Value checks (sortedness, ranges, offsets ending at N) run as one batch of device reductions
+  (:class:`provable_kernels.validate.DataChecks`). Host mode (CPU tensors, or ``value_checks("sync")``): one
+  host read, and a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
+  default, torch.compile, CUDA-graph capture): no host read; the indices are clamped (and made non-decreasing)
+  so that no kernel reads or writes out of bounds, and the fused flag turns the outputs (the adjoints' upstream
+  gradient) into NaN when a check failed: a bad index is never a silent number.
 - ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``).
 """
 from __future__ import annotations
@@ -42,6 +46,7 @@ class SegmentCall:
     empty: float
     use_triton: bool
     grad_output: Optional[torch.Tensor] = None
+    flag: Optional[torch.Tensor] = None  # device mode: the fused value-check flag (outputs are poisoned with it)
 
     @property
     def rows(self) -> int:
@@ -113,6 +118,9 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
         ids = validate.tensor("ids", ids, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
         validate.shape("ids", ids, (N,), "(N,)")
         if num_segments is None:
+            if N and not validate.host_reads_allowed(ids, at_sync_point=True):
+                raise ValueError("num_segments must be given with ids here (S cannot be read from the device "
+                                 "under torch.compile, CUDA-graph capture or fake tensors)")
             S = int(ids[-1]) + 1 if N else 0  # the documented host sync of the ids form without num_segments
         else:
             S = _count("num_segments", num_segments)
@@ -125,5 +133,14 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
     if grad_output is not None:
         grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
         validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
-    checks.verify()
-    return SegmentCall(op, x, reduce, offsets, ids, csr, S, float(empty), use_triton, grad_output)
+    flag = checks.flag()
+    if flag is not None:  # device mode: nothing was read on the host; keep every index in bounds, poison results
+        if ids is not None:
+            ids = ids.clamp(0, max(S - 1, 0)).cummax(0).values
+            csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))
+        else:
+            inner = offsets[1:-1].clamp(0, N).cummax(0).values
+            csr = torch.cat([offsets.new_zeros(1), inner, offsets.new_full((1,), N)])[: offsets.numel()]
+        if grad_output is not None:
+            grad_output = validate.poison(flag, grad_output)
+    return SegmentCall(op, x, reduce, offsets, ids, csr, S, float(empty), use_triton, grad_output, flag)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from provable_kernels import validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
 from provable_kernels.segment import torch_ops, triton_ops
 from provable_kernels.segment.autograd import segment_backward, segment_forward
@@ -173,7 +174,7 @@ def segment_reduce(
     Runs the Triton kernels when ``use_triton`` and Triton can run on the device, else PyTorch.
     """
     call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
-    return TREE.dispatch(call)
+    return validate.poison(call.flag, TREE.dispatch(call))
 
 
 def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
