@@ -5,7 +5,7 @@
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
 # duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
 # passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 300, TESTS_TIMEOUT 90,
-# CHECK_BUDGET 150, BENCH_BUDGET 140 (seconds per family), BENCH_FAMILIES semicrf,sinkhorn,segment.
+# CHECK_BUDGET 150, BENCH_BUDGET 130 (seconds per family), BENCH_FAMILIES semicrf,sinkhorn,segment.
 # bench leaves $OUT/benchmarks.tar.gz (<family>/ folders: CSV, JSON, memory breakdown, plots/; the device tool
 # returns at most 8 files) and $OUT/session.log: tar xzf benchmarks.tar.gz -C benchmarks/results/.
 set -u -o pipefail
@@ -16,7 +16,7 @@ PHASE=${1:?usage: gpu_session.sh verify|bench}
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-300}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
-BENCH_BUDGET=${BENCH_BUDGET:-140}
+BENCH_BUDGET=${BENCH_BUDGET:-130}
 BENCH_FAMILIES=${BENCH_FAMILIES:-semicrf,sinkhorn,segment}
 GPU_TESTS="tests/test_semicrf_triton.py"  # test files whose kernels run on the GPU here
 LOG=$OUT/session.log
@@ -52,7 +52,7 @@ if [ "$PHASE" = verify ]; then
 else
   # Each family keeps to its budget; the margin covers imports, analysis and one slow call begun near a deadline.
   nfam=$(echo "$BENCH_FAMILIES" | tr ',' '\n' | wc -l)
-  step benchmark timeout $(( nfam * (BENCH_BUDGET + 30) )) python3 -m benchmarks gpu --no-progress \
+  step benchmark timeout $(( nfam * (BENCH_BUDGET + 45) )) python3 -m benchmarks gpu --no-progress \
     --families "$BENCH_FAMILIES" --out /tmp/bench --budget-s "$BENCH_BUDGET" --archive "$OUT/benchmarks.tar.gz"
 fi
 
