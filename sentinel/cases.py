@@ -4,13 +4,18 @@
   :class:`~kernel_sentinel.family.Case`: ``grad_<name>`` = gradient of ``sum_k (upstream[k] * output_k).sum()``
   w.r.t. each tensor argument that requires grad.
 - :func:`float64_leaves` (same device, fresh leaves for autograd) and :func:`float64_cpu` (detached, for plain
-  Python oracles): the arguments of a case, copied in float64.
+  Python oracles): the arguments of a case, copied in float64; :func:`detached` keeps dtype and device.
 - :func:`replace_argument` / :func:`transform_argument`: a new :class:`Case` with one argument replaced and the
-  change appended to its description (for adversarial inputs and bad inputs).
+  change appended to its description (for adversarial inputs and bad inputs); :func:`transformed_input` declares
+  an :class:`~kernel_sentinel.family.Adversarial` that way.
 - :func:`finite_difference_property`: a ready-made :class:`~kernel_sentinel.family.Property`: float64 central
   differences of a route's weighted outputs against its reported gradients.
+- :func:`route_property` (a relation between a route's case and outputs on random examples) and
+  :func:`agreement_property` (a route's outputs equal an independent computation: an oracle, a sibling route, a
+  special case with a closed form): ready-made :class:`~kernel_sentinel.family.Property` objects.
 - :func:`standard_bad_inputs`: the :class:`~kernel_sentinel.family.BadInput` list every tensor argument gets
-  (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected).
+  (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected);
+  :func:`bad_input` declares one more.
 
 Only tensors whose ``dtype`` is floating point are converted to float64 or differentiated; integer tensors
 (lengths, ids, offsets) and non-tensor arguments pass through unchanged.
@@ -23,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from kernel_sentinel.checks import expect_close, run_route
-from kernel_sentinel.family import BadInput, Case, Outputs, Property, Tolerance
+from kernel_sentinel.family import Adversarial, BadInput, Case, Outputs, Property, Tolerance
 
 FINITE_DIFFERENCE_STEP = 1e-5
 FINITE_DIFFERENCE_TOLERANCE = Tolerance(atol=1e-7, rtol=1e-6)  # central differences, h = 1e-5, in float64
@@ -62,6 +67,11 @@ def float64_leaves(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             for n, x in kwargs.items()}
 
 
+def detached(kwargs: Mapping[str, Any], drop: Sequence[str] = ()) -> dict[str, Any]:
+    """The arguments with every tensor detached (same dtype and device), without the names in ``drop``."""
+    return {n: x.detach() if isinstance(x, torch.Tensor) else x for n, x in kwargs.items() if n not in drop}
+
+
 def float64_cpu(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments with every tensor detached and on the CPU, floating ones in float64 (for plain-Python
     oracles)."""
@@ -87,6 +97,13 @@ def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch
     x = case.kwargs[name]
     values = fn(x.detach().double().clone()).to(x.device, x.dtype)
     return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
+
+
+def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
+                      what: str, **options: Any) -> Adversarial:
+    """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64
+    copy)`` (:func:`transform_argument`); ``options`` are the other fields (``allow_inf``, ``errors_ok``, ...)."""
+    return Adversarial(name, routes, lambda case: transform_argument(case, argument, fn, what), **options)
 
 
 # ------------------------------------------------------------------------------------- finite differences
@@ -129,6 +146,45 @@ def finite_difference_property(
     return Property(name, routes, example, check, dtypes=(torch.float64,))
 
 
+def route_property(
+    name: str,
+    routes: tuple[str, ...],
+    example: Callable[[], Any],
+    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
+    run: Callable[[Case], Outputs],
+    holds: Callable[[Case, Outputs, Tolerance], None],
+    tolerances: Mapping[torch.dtype, Tolerance],
+    dtypes: tuple[torch.dtype, ...] = (),
+) -> Property:
+    """A :class:`Property`: build ``make_case(route_id, example, device, dtype)``, run it with ``run`` (which must
+    take the route under test), then ``holds(case, outputs, tolerances[dtype])`` raises ``AssertionError`` when the
+    property fails (use :func:`~kernel_sentinel.checks.expect` / :func:`~kernel_sentinel.checks.expect_close`)."""
+    def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
+        case = make_case(route_id, drawn, device, dtype)
+        holds(case, run_route(run, case), tolerances[dtype])
+
+    return Property(name, routes, example, check, dtypes)
+
+
+def agreement_property(
+    name: str,
+    routes: tuple[str, ...],
+    example: Callable[[], Any],
+    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
+    run: Callable[[Case], Outputs],
+    want: Callable[[Case], Outputs],
+    tolerances: Mapping[torch.dtype, Tolerance],
+    dtypes: tuple[torch.dtype, ...] = (),
+) -> Property:
+    """A :func:`route_property`: the route's outputs equal each output that ``want(case)`` returns (an independent
+    computation) within the row's tolerance."""
+    def holds(case: Case, got: Outputs, tolerance: Tolerance) -> None:
+        for output, expected in want(case).items():
+            expect_close(f"{output} vs {name}", got[output], expected, tolerance)
+
+    return route_property(name, routes, example, make_case, run, holds, tolerances, dtypes)
+
+
 # ------------------------------------------------------------------------------------------ bad inputs
 
 
@@ -149,6 +205,12 @@ def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
         return x
 
     return put
+
+
+def bad_input(argument: str, what: str, routes: tuple[str, ...], value: Callable[[Case], Any]) -> BadInput:
+    """A :class:`BadInput`: argument ``argument`` replaced by ``value(case)`` (e.g. ``lambda c: 0`` or a tensor
+    of the wrong shape built from ``c.kwargs``), described by ``what``."""
+    return BadInput(argument, what, routes, lambda case: replace_argument(case, argument, value(case), what))
 
 
 def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, other_device: Sequence[str] = (),

@@ -28,7 +28,7 @@ import provable_kernels  # noqa: E402
 from provable_kernels import validate  # noqa: E402
 from provable_kernels.dispatch import Branch, Condition, Route, Tree  # noqa: E402
 from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi  # noqa: E402
-from kernel_sentinel.oracles import semicrf as oracle  # noqa: E402
+from provable_kernels.semicrf import oracle  # noqa: E402
 from kernel_sentinel.checks import expect_close, run_route  # noqa: E402
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernel_sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf import oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -7,7 +7,7 @@ import torch
 from provable_kernels.dispatch import recording, triton_usable
 from provable_kernels.semicrf.head import SemiMarkovCRFHead
 from provable_kernels.semicrf.structures import Segment, ViterbiResult
-from kernel_sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf import oracle
 
 F64 = torch.float64
 BACKENDS = ["streaming", "exact"]

@@ -1,6 +1,6 @@
 """The PyTorch semi-CRF routes (``use_triton=False``) against independent references.
 
-References (sentinel/oracles/semicrf.py, none of them sharing code with ``kernels``): the brute-force oracle in
+References (kernels/semicrf/oracle.py, none of them sharing code with ``kernels``): the brute-force oracle in
 plain Python, a differentiable brute force (every segmentation scored with torch ops, then logsumexp / max,
 differentiated by autograd), and the naive recursion (every alpha kept, no ring or checkpoints, autograd).
 """
@@ -18,7 +18,7 @@ from conftest import SemiCRFCase as Case
 from conftest import semicrf_case as make_case
 from provable_kernels.dispatch import recording
 from provable_kernels.semicrf.dispatch import semi_crf_viterbi
-from kernel_sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf import oracle
 
 CASES = {
     "linear_chain_K1": dict(B=2, T=4, K=1, C=3),

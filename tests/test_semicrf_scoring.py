@@ -6,7 +6,7 @@ import torch
 
 from provable_kernels.semicrf.scoring import path_score, starts_from_labels
 from provable_kernels.semicrf.structures import Segment, ViterbiResult
-from kernel_sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf import oracle
 
 F64 = torch.float64
 

@@ -1,6 +1,6 @@
 """The Triton semi-CRF routes (``use_triton=True``) against independent references.
 
-References: the brute-force oracle and its differentiable brute force (sentinel/oracles/semicrf.py, through the shared
+References: the brute-force oracle and its differentiable brute force (kernels/semicrf/oracle.py, through the shared
 ``SemiCRFCase`` of tests/conftest.py) and, for a length with several checkpoint intervals, the PyTorch reference
 route in float64.
 
@@ -22,8 +22,8 @@ from conftest import SemiCRFCase as Case
 from conftest import semicrf_case
 from provable_kernels.dispatch import recording
 from provable_kernels.semicrf import triton_ops
-from provable_kernels.semicrf.dispatch import make_call
-from kernel_sentinel.oracles import semicrf as oracle
+from provable_kernels.semicrf.call import make_call
+from provable_kernels.semicrf import oracle
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # interpreter
 
@@ -295,7 +295,7 @@ def test_several_checkpoint_intervals_against_reference_route():
     in float64 (an independent implementation)."""
     case = make_case(B=2, T=12, K=1, C=2, proj_start=True, variable=True, seed=8).to(device=DEVICE)
     assert triton_ops._plan(make_call("partition", *case.tensors[:3], case.lengths, case.K, "log",
-                                      *case.tensors[3:], True)).S == 5
+                                      *case.tensors[3:], True)).checkpoint_interval == 5
     leaves = case.leaves()
     got = grads(leaves.forward("log").sum(), leaves)
     ref = replace(case, use_triton=False).leaves()

@@ -1,5 +1,5 @@
 """The verifier is itself tested: a toy family with a planted-wrong route, broken declarations, and bugs planted (as
-text mutations) in the real semi-CRF PyTorch reference module behind the torch routes, each of which must make
+text mutations) in the real semi-CRF PyTorch backend module behind the torch routes, each of which must make
 ``verify`` fail naming the route and the check."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from provable_kernels.semicrf import reference as torch_reference
+from provable_kernels.semicrf import torch_ops
 from kernel_sentinel import records, registry, report
 from kernel_sentinel.checks import compare
 from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
@@ -128,8 +128,8 @@ def test_registry_discovers_family_modules(tmp_path, monkeypatch):
     (package / "copy").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "copy" / "family.py").write_text(
-        "import dataclasses\nfrom provable_kernels.semicrf.family import FAMILY as SEMICRF\n"
-        "FAMILY = dataclasses.replace(SEMICRF, name='copy')\n")
+        "import dataclasses\nfrom kernel_sentinel import registry\n"
+        "FAMILY = dataclasses.replace(registry.family('semicrf'), name='copy')\n")
     (package / "notafamily").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
     assert [f.name for f in registry.families("fakekernels")] == ["copy"]
@@ -228,22 +228,22 @@ def test_semicrf_references_refuse_to_decode_a_tied_best_path():
 
 
 def plant(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
-    """Plant a bug in the real ``provable_kernels.semicrf.reference`` module for one test: its source with ``old`` replaced by
-    ``new`` (which must occur exactly once) is executed and every name of the result replaces the module's
-    (monkeypatch restores them). The torch routes, which read that module, run the mutant; the family's
-    reference (``kernel_sentinel.oracles.semicrf``) must not see it."""
-    source = Path(torch_reference.__file__).read_text()
-    assert source.count(old) == 1, f"mutation target {old!r} not found once in reference.py"
-    namespace: dict = {"__name__": torch_reference.__name__}
-    exec(compile(source.replace(old, new), torch_reference.__file__, "exec"), namespace)
+    """Plant a bug in the real ``provable_kernels.semicrf.torch_ops`` module for one test: its source with ``old``
+    replaced by ``new`` (which must occur exactly once) is executed and every name of the result replaces the
+    module's (monkeypatch restores them). The torch routes, which read that module, run the mutant; the family's
+    reference (``provable_kernels.semicrf.oracle``) must not see it."""
+    source = Path(torch_ops.__file__).read_text()
+    assert source.count(old) == 1, f"mutation target {old!r} not found once in torch_ops.py"
+    namespace: dict = {"__name__": torch_ops.__name__}
+    exec(compile(source.replace(old, new), torch_ops.__file__, "exec"), namespace)
     for name, value in namespace.items():
         if not name.startswith("__"):
-            monkeypatch.setattr(torch_reference, name, value, raising=False)
+            monkeypatch.setattr(torch_ops, name, value, raising=False)
 
 
 FORWARD = {"reference", "exact"}  # the checks a planted bug must fail on each route it breaks
 LOG_AND_MAX_PARTITION = ["semicrf.torch.log.infer", "semicrf.torch.log.train", "semicrf.torch.max.infer"]
-PLANTED = {  # bug: (text in reference.py, its mutation, the torch routes it breaks); the other torch routes pass
+PLANTED = {  # bug: (text in torch_ops.py, its mutation, the torch routes it breaks); the other torch routes pass
     "ring-buffer index off by one": ("i = first % self.K", "i = (first + 1) % self.K", TORCH_ROUTES),
     "transposed transition": ("reduce(alpha[:, :, None] + self.trans_2d, 1)",
                               "reduce(alpha[:, :, None] + self.trans_2d.T, 1)",
@@ -258,7 +258,7 @@ PLANTED = {  # bug: (text in reference.py, its mutation, the torch routes it bre
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_bug_in_reference_fails_the_right_routes_and_checks(bug, monkeypatch):
+def test_planted_bug_in_torch_ops_fails_the_right_routes_and_checks(bug, monkeypatch):
     """Default sizes (not --quick): the small case has a 2-D transition, the tiny one a 3-D transition. Only the
     checks that compare with the references run (the others would only cost time)."""
     old, new, broken = PLANTED[bug]

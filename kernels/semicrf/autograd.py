@@ -1,4 +1,4 @@
-"""Autograd glue shared by the semi-CRF backends (written once for ``reference`` and ``triton_ops``).
+"""Autograd glue shared by the semi-CRF backends (written once for ``torch_ops`` and ``triton_ops``).
 
 A backend is a module with ``forward_checkpointed(call) -> (logZ, saved)``, ``backward(call, saved, logZ,
 grad_logZ) -> (g_cum, g_trans, g_dur, g_ps, g_pe)`` and ``viterbi(call) -> ViterbiPath``.
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from provable_kernels.semicrf.dispatch import StreamingCall
+from provable_kernels.semicrf.call import StreamingCall
 from provable_kernels.semicrf.scoring import path_score
 from provable_kernels.semicrf.structures import ViterbiPath
 

@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from provable_kernels import validate
-from provable_kernels.semicrf.dispatch import make_call
+from provable_kernels.semicrf.call import check_scores
 from provable_kernels.semiring import Log, Max, Semiring
 
 Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
@@ -43,7 +43,7 @@ def edges_from_streaming(
     cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=validate.FLOAT_DTYPES)
     B, T = cum_scores.shape[0], cum_scores.shape[1] - 1
     full = torch.full((B,), T, dtype=torch.int64, device=cum_scores.device)
-    call = make_call("partition", cum_scores, transition, duration_bias, full, K, "log", proj_start, proj_end, False)
+    call = check_scores(cum_scores, transition, duration_bias, full, K, proj_start, proj_end)
     device, K = cum_scores.device, call.K
     start = torch.arange(T, device=device)[:, None]  # (T, 1)
     end = start + torch.arange(1, K + 1, device=device)  # (T, K): s + d

@@ -1,10 +1,9 @@
-"""Registration of the semi-CRF family with sentinel: cases per route, the float64 reference and the oracles
-(from :mod:`provable_kernels.semicrf.oracle`), tolerances, properties, guards, bad inputs, invariants. Only
-:mod:`kernel_sentinel.registry` imports this module.
+"""Registration of the semi-CRF family with sentinel (imported only by :mod:`kernel_sentinel.registry`): cases per
+route, the references of :mod:`provable_kernels.semicrf.oracle`, tolerances, properties, guards, bad inputs.
 
-Outputs of a route, by name: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>``
-for each of the five tensors present (weights ``Case.upstream["value"]``, one per sequence); Viterbi routes give
-``score`` (B,), ``labels`` (B, T) (-1 past each length) and ``starts`` (B, T).
+Outputs by name: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>`` of each tensor
+present (weights ``Case.upstream["value"]`` (B,)); Viterbi routes give ``score`` (B,), ``labels`` (B, T) (-1 past
+each length) and ``starts`` (B, T).
 """
 from __future__ import annotations
 
@@ -18,13 +17,11 @@ from hypothesis import strategies as st
 
 import provable_kernels.semicrf as package
 from provable_kernels import semiring as semirings
-from provable_kernels.semicrf import autograd
-from provable_kernels.semicrf import reference as torch_ops
-from kernel_sentinel.oracles import semicrf as oracle
-from provable_kernels.semicrf.dispatch import make_call
+from provable_kernels.semicrf import autograd, oracle, torch_ops
+from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.triton_forward import _safe as safe_logsumexp
+from provable_kernels.triton_math import lse_shift
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
@@ -66,22 +63,16 @@ def inputs(shape: CaseShape, dtype: torch.dtype, device: torch.device, grad: boo
     gen = torch.Generator().manual_seed(shape.seed)
     B, T, K, C = shape.B, shape.T, shape.K, shape.C
 
-    def normal(*size: int, scale: float = 0.5) -> torch.Tensor:
-        return scale * torch.randn(*size, generator=gen, dtype=torch.float64)
+    def normal(*size: int, scale: float = 0.5, present: bool = True) -> Optional[torch.Tensor]:
+        x = scale * torch.randn(*size, generator=gen, dtype=torch.float64)
+        return x.to(device, dtype).requires_grad_(grad) if present else None
 
-    scores = normal(B, T, C, scale=1.0)
-    tensors = {
-        "cum_scores": torch.cat([scores.new_zeros(B, 1, C), scores.cumsum(1)], 1),
-        "transition": normal(K, C, C) if shape.transition_3d else normal(C, C),
-        "duration_bias": normal(K, C),
-        "proj_start": normal(B, T, C) if shape.proj_start else None,
-        "proj_end": normal(B, T, C) if shape.proj_end else None,
-    }
-    out: dict[str, Any] = {name: None if x is None else x.to(device, dtype).requires_grad_(grad)
-                           for name, x in tensors.items()}
-    out["lengths"] = torch.tensor(shape.lengths, dtype=torch.int64, device=device)
-    out["K"] = K
-    return out
+    scores = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
+    cum = torch.cat([scores.new_zeros(B, 1, C), scores.cumsum(1)], 1).to(device, dtype).requires_grad_(grad)
+    return dict(cum_scores=cum, transition=normal(*((K,) if shape.transition_3d else ()), C, C),
+                duration_bias=normal(K, C), proj_start=normal(B, T, C, present=shape.proj_start),
+                proj_end=normal(B, T, C, present=shape.proj_end),
+                lengths=torch.tensor(shape.lengths, dtype=torch.int64, device=device), K=K)
 
 
 def make_case_for(route_id: str, shape: CaseShape, dtype: torch.dtype, device: torch.device,
@@ -142,26 +133,18 @@ def _projections(kw: dict[str, Any]) -> tuple:
 
 def reference(case: Case) -> Outputs:
     """The independent float64 reference ``oracle.naive_partition`` (the plain recursion keeping every alpha) on
-    float64 copies of the inputs, gradients by torch autograd. Viterbi routes: the best score, and the path read
-    off the gradient of the best score w.r.t. ``proj_start`` (a zero one when absent): 1 exactly at the
-    (start, label) of each best segment (a tie fails loudly)."""
+    float64 copies of the inputs, gradients by torch autograd; Viterbi routes: ``oracle.viterbi_by_gradient``."""
     kw = cases.float64_leaves(case.kwargs)
+    if case.entry == VITERBI:
+        return viterbi_outputs(*oracle.viterbi_by_gradient(*_arguments(kw), *_projections(kw)))
     with torch.enable_grad():
-        if case.entry != VITERBI:
-            value = oracle.naive_partition(*_arguments(kw), kw["semiring"], *_projections(kw))
-            return cases.outputs_and_gradients({"value": value}, case, kw)
-        given = kw["proj_start"]
-        leaf = (torch.zeros_like(kw["cum_scores"][:, 1:]) if given is None else given.detach()).requires_grad_(True)
-        best = oracle.naive_partition(*_arguments(kw), "max", leaf, kw["proj_end"])
-        (starts,) = torch.autograd.grad(best.sum(), leaf)
-    segments = oracle.segments_from_starts(starts, kw["lengths"].tolist())
-    return viterbi_outputs(best, *oracle.path_tensors(segments, kw["cum_scores"].shape[1] - 1))
+        value = oracle.naive_partition(*_arguments(kw), kw["semiring"], *_projections(kw))
+    return cases.outputs_and_gradients({"value": value}, case, kw)
 
 
 def exact_backend(case: Case) -> Outputs:
     """``SemiMarkov(Log or Max).logpartition`` on ``edges_from_streaming`` of float64 copies; gradients by
-    autograd through both; the Viterbi path from the Max marginals (the indicator of the best segmentation; a tie
-    fails loudly)."""
+    autograd through both; the Viterbi path from the Max marginals (a tie fails loudly)."""
     kw = cases.float64_leaves(case.kwargs)
     lengths, K = kw["lengths"], kw["K"]
     with torch.enable_grad():
@@ -176,23 +159,17 @@ def exact_backend(case: Case) -> Outputs:
 
 def brute_force(case: Case) -> Outputs:
     """Enumerate every segmentation (``oracle.all_scores``), score each from the convention, and take logsumexp /
-    max; gradients as expectations of each segmentation's feature counts under the Gibbs distribution (log) or
-    at the best segmentation (max). Plain Python float64."""
+    max; gradients as expectations of each segmentation's feature counts (``oracle.feature_gradients``)."""
     kw = cases.float64_cpu(case.kwargs)
     scored = oracle.all_scores(*_arguments(kw), *_projections(kw))
-    T = kw["cum_scores"].shape[1] - 1
     if case.entry == VITERBI:
-        best = oracle.best(scored)
-        scores = torch.tensor([s for _, s in best], dtype=torch.float64)
-        return viterbi_outputs(scores, *oracle.path_tensors([list(y) for y, _ in best], T))
-    log = kw["semiring"] == "log"
-    value = oracle.log_partition(scored) if log else [s for _, s in oracle.best(scored)]
-    out: dict[str, torch.Tensor] = {"value": torch.tensor(value, dtype=torch.float64)}
+        return viterbi_outputs(*oracle.brute_force_viterbi(scored, kw["cum_scores"].shape[1] - 1))
+    out = {"value": oracle.brute_force_value(scored, kw["semiring"])}
     if not case.kwargs["cum_scores"].requires_grad:
         return out
-    tensors = {n: kw[n] for n in TENSORS if kw[n] is not None}
     weights = case.upstream["value"].double().tolist()
-    return {**out, **oracle.feature_gradients(scored, tensors, weights, kw["semiring"])}
+    grads = oracle.feature_gradients(scored, {n: kw[n] for n in TENSORS if kw[n] is not None}, weights, kw["semiring"])
+    return {**out, **grads}
 
 
 # ---------------------------------------------------------------------------------------------- properties
@@ -209,103 +186,81 @@ def shapes(draw: Any, K: Optional[int] = None, projections: Optional[bool] = Non
     return CaseShape(B, T, K, C, lengths, draw(st.booleans()), proj[0], proj[1], draw(st.integers(0, 2**16)))
 
 
-def _route_run(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype,
-               weights: Optional[torch.Tensor] = None, gradients: bool = False) -> tuple[Case, Outputs]:
-    """Run the route under test on a case of ``shape`` in ``dtype`` (the dispatcher must record it); partition
-    routes run backward only when the property needs ``gradients``."""
-    case = make_case_for(route_id, shape, dtype, device, weights)
-    return case, run_route(run if gradients or case.entry == VITERBI else forward_only, case)
+def _example_case(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype = torch.float64,
+                  weights: Optional[torch.Tensor] = None) -> Case:
+    return make_case_for(route_id, shape, dtype, device, weights)
 
 
-def _sibling(case: Case) -> dict[str, Any]:
-    """The case's arguments detached and without ``semiring``, for a call to the Viterbi entry point."""
-    return {n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in case.kwargs.items() if n != "semiring"}
+def _forward(case: Case) -> Outputs:
+    """The route's outputs without backward (partition routes) or the Viterbi outputs."""
+    return run(case) if case.entry == VITERBI else forward_only(case)
 
 
-def prop_logz_above_best(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    case, out = _route_run(route_id, shape, device, dtype)
-    best, tol = semi_crf_viterbi(**_sibling(case)).scores, TOLERANCES[dtype]
-    expect(bool((out["value"].detach() >= best - tol.atol - tol.rtol * best.abs()).all()),
-           f"logZ {out['value'].tolist()} below the Viterbi score {best.tolist()}")
+def _viterbi_score(case: Case) -> Outputs:
+    return {"value": semi_crf_viterbi(**cases.detached(case.kwargs, drop=("semiring",))).scores}
 
 
-def prop_max_is_viterbi(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    case, out = _route_run(route_id, shape, device, dtype)
-    expect_close("max vs Viterbi score", out["value"], semi_crf_viterbi(**_sibling(case)).scores, TOLERANCES[dtype])
-
-
-def prop_linear_chain(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    case, out = _route_run(route_id, shape, device, dtype)
+def _linear_chain(case: Case) -> Outputs:
     kw = cases.float64_cpu(case.kwargs)
-    want = oracle.linear_chain(*_arguments(kw)[:4], kw.get("semiring", "max"), *_projections(kw))
-    expect_close("K=1 vs linear-chain CRF", _value(out), want, TOLERANCES[dtype])
+    value = oracle.linear_chain(*_arguments(kw)[:4], kw.get("semiring", "max"), *_projections(kw))
+    return {"score" if case.entry == VITERBI else "value": value}
 
 
-def prop_exact_agreement(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    case, out = _route_run(route_id, shape, device, dtype)
-    expect_close("value vs exact backend", out["value"], exact_backend(case)["value"], TOLERANCES[dtype])
+def logz_above_best(case: Case, out: Outputs, tol: Tolerance) -> None:
+    value, best = out["value"].detach(), _viterbi_score(case)["value"]
+    expect(bool((value >= best - tol.atol - tol.rtol * best.abs()).all()),
+           f"logZ {value.tolist()} below the Viterbi score {best.tolist()}")
 
 
-def prop_cum_gradient_sums_to_zero(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    _, out = _route_run(route_id, shape, device, dtype, gradients=True)
+def cum_gradient_sums_to_zero(case: Case, out: Outputs, tol: Tolerance) -> None:
     total = out["grad_cum_scores"].sum(1)  # (B, C): every segment adds +1 at its end and -1 at its start
-    expect_close("sum over t of d/d cum_scores", total, torch.zeros_like(total), TOLERANCES[dtype])
+    expect_close("sum over t of d/d cum_scores", total, torch.zeros_like(total), tol)
 
 
-def prop_marginals(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
+def marginals(case: Case, out: Outputs, tol: Tolerance) -> None:
     """With unit weights, d logZ / d proj_start and d proj_end are start / end marginals: in [0, 1], and every
     position t < L lies in exactly one segment in expectation: sum_{s<=t} starts(s) - sum_{e<t} ends(e) = 1."""
-    _, out = _route_run(route_id, shape, device, dtype, torch.ones(shape.B, dtype=torch.float64), gradients=True)
-    tol = TOLERANCES[dtype]
     starts, ends = out["grad_proj_start"], out["grad_proj_end"]
     for name, m in (("start", starts), ("end", ends)):
         expect(bool(((m >= -tol.atol) & (m <= 1 + tol.atol)).all()),
                f"{name} marginals outside [0, 1]: min {float(m.min())}, max {float(m.max())}")
     opened = starts.sum(2).cumsum(1)
     closed = torch.cat([torch.zeros_like(opened[:, :1]), ends.sum(2).cumsum(1)[:, :-1]], 1)
-    inside = torch.arange(shape.T, device=device)[None] < torch.tensor(shape.lengths, device=device)[:, None]
+    inside = torch.arange(opened.shape[1], device=opened.device)[None] < case.kwargs["lengths"][:, None]
     expect_close("segments covering each position", opened - closed, inside.to(opened.dtype), tol)
 
 
-def prop_viterbi_path(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
+def viterbi_path(case: Case, out: Outputs, tol: Tolerance) -> None:
     """The decoded segments tile [0, L) with durations 1..K, their score computed by the brute-force oracle's
     scorer equals the Viterbi score, and that equals the exact backend's best score."""
-    case, out = _route_run(route_id, shape, device, dtype)
     kw = cases.float64_cpu(case.kwargs)
-    labels, starts = out["labels"].cpu(), out["starts"].cpu().bool()
-    scores = []
-    for b, L in enumerate(shape.lengths):
-        expect(bool((labels[b, L:] == -1).all()) and not bool(starts[b, L:].any()),
-               f"sequence {b}: path extends past its length {L}")
-        begins = starts[b, :L].nonzero().flatten().tolist()
-        expect(begins[:1] == [0], f"sequence {b}: no segment starts at 0")
-        bounds = begins + [L]
-        segmentation = tuple((s, e - s, int(labels[b, s])) for s, e in zip(bounds, bounds[1:]))
-        for s, d, c in segmentation:
-            expect(1 <= d <= shape.K and bool((labels[b, s : s + d] == c).all()),
-                   f"sequence {b}: segment ({s}, {d}, {c}) invalid for K = {shape.K}")
-        scores.append(oracle.score(segmentation, kw["cum_scores"][b], kw["transition"], kw["duration_bias"],
-                                   *(None if p is None else p[b] for p in _projections(kw))))
-    tol = TOLERANCES[dtype]
-    expect_close("Viterbi score vs score of its segments", out["score"], torch.tensor(scores, dtype=torch.float64), tol)
+    scores = oracle.path_scores(out["labels"].cpu(), out["starts"].cpu(), kw["lengths"], kw["K"], kw["cum_scores"],
+                                kw["transition"], kw["duration_bias"], *_projections(kw))
+    expect_close("Viterbi score vs score of its segments", out["score"], scores, tol)
     expect_close("Viterbi score vs exact backend", out["score"], exact_backend(case)["score"], tol)
 
 
+def _property(name: str, routes: tuple[str, ...], holds: Any, runner: Any = run, example: Any = shapes) -> Property:
+    return cases.route_property(name, routes, example, _example_case, runner, holds, TOLERANCES)
+
+
+def _agreement(name: str, routes: tuple[str, ...], want: Any, example: Any = shapes) -> Property:
+    return cases.agreement_property(name, routes, example, _example_case, _forward, want, TOLERANCES)
+
+
 PROPERTIES = (
-    Property("logZ >= Viterbi score", ("semicrf.*.log.*",), shapes, prop_logz_above_best),
-    Property("max route == Viterbi score", ("semicrf.*.max.*",), shapes, prop_max_is_viterbi),
-    Property("K = 1 equals a linear-chain CRF", ("semicrf.*",), lambda: shapes(K=1), prop_linear_chain),
-    Property("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"), shapes,
-             prop_exact_agreement),
-    Property("gradient wrt cum_scores sums to 0 over t per label", ("semicrf.*.train",), shapes,
-             prop_cum_gradient_sums_to_zero),
-    Property("start/end marginals in [0, 1], each position covered once", ("semicrf.*.log.train",),
-             lambda: shapes(projections=True), prop_marginals),
-    cases.finite_difference_property(("semicrf.*.train",), shapes,
-                                     lambda route_id, shape, device: make_case_for(route_id, shape, torch.float64, device),
-                                     run, forward_only),
-    Property("Viterbi path is a valid segmentation scoring the Viterbi score", ("semicrf.*.viterbi",), shapes,
-             prop_viterbi_path),
+    _property("logZ >= Viterbi score", ("semicrf.*.log.*",), logz_above_best, forward_only),
+    _agreement("max route == Viterbi score", ("semicrf.*.max.*",), _viterbi_score),
+    _agreement("K = 1 equals a linear-chain CRF", ("semicrf.*",), _linear_chain, lambda: shapes(K=1)),
+    _agreement("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"),
+               lambda case: {"value": exact_backend(case)["value"]}),
+    _property("gradient wrt cum_scores sums to 0 over t per label", ("semicrf.*.train",), cum_gradient_sums_to_zero),
+    cases.route_property("start/end marginals in [0, 1], each position covered once", ("semicrf.*.log.train",),
+                         lambda: shapes(projections=True), lambda r, shape, device, dtype: _example_case(
+                             r, shape, device, dtype, torch.ones(shape.B, dtype=torch.float64)), run, marginals,
+                         TOLERANCES),
+    cases.finite_difference_property(("semicrf.*.train",), shapes, _example_case, run, forward_only),
+    _property("Viterbi path is a valid segmentation scoring the Viterbi score", ("semicrf.*.viterbi",), viterbi_path),
 )
 
 
@@ -327,8 +282,8 @@ def expect_neg_inf_iff_longer_than_K(case: Case, outputs: Outputs) -> None:
            f"values {value.tolist()} for lengths {lengths.tolist()}: want -inf exactly where L > K")
 
 
-def _all_neg_inf(case: Case) -> Case:
-    return cases.transform_argument(case, "transition", lambda x: x.fill_(-math.inf), "all -inf")
+def _transformed(name: str, argument: str, fn: Any, what: str, **options: Any) -> Adversarial:
+    return cases.transformed_input(name, ("semicrf.*",), argument, fn, what, **options)
 
 
 def _nan_at_1(x: torch.Tensor) -> torch.Tensor:
@@ -336,57 +291,46 @@ def _nan_at_1(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+NO_PATH = dict(allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K)
 ADVERSARIAL = (
-    Adversarial("all transitions -inf", ("semicrf.*",), _all_neg_inf, allow_inf=("value", "score"),
-                expect=expect_neg_inf_iff_longer_than_K),
-    Adversarial("all transitions -inf, 2-D transition", ("semicrf.*",),
-                lambda c: _all_neg_inf(_rebuilt(c, transition_3d=False)), allow_inf=("value", "score"),
-                expect=expect_neg_inf_iff_longer_than_K),
-    Adversarial("self transitions -inf", ("semicrf.*",), lambda c: cases.transform_argument(
-        c, "transition", lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool), -math.inf),
-        "diagonal -inf")),
-    Adversarial("durations > 1 forbidden (-inf bias)", ("semicrf.*",), lambda c: cases.transform_argument(
-        c, "duration_bias", lambda x: torch.cat([x[:1], torch.full_like(x[1:], -math.inf)]), "rows 1: = -inf")),
-    Adversarial("scores of 1e4", ("semicrf.*",),
-                lambda c: cases.transform_argument(c, "cum_scores", lambda x: x * 1e4, "* 1e4")),
+    _transformed("all transitions -inf", "transition", lambda x: x.fill_(-math.inf), "all -inf", **NO_PATH),
+    Adversarial("all transitions -inf, 2-D transition", ("semicrf.*",), lambda c: cases.transform_argument(
+        _rebuilt(c, transition_3d=False), "transition", lambda x: x.fill_(-math.inf), "all -inf"), **NO_PATH),
+    _transformed("self transitions -inf", "transition", lambda x: x.masked_fill(
+        torch.eye(x.shape[-1], dtype=torch.bool), -math.inf), "diagonal -inf"),
+    _transformed("durations > 1 forbidden (-inf bias)", "duration_bias", lambda x: torch.cat(
+        [x[:1], torch.full_like(x[1:], -math.inf)]), "rows 1: = -inf"),
+    _transformed("scores of 1e4", "cum_scores", lambda x: x * 1e4, "* 1e4"),
     Adversarial("length 1", ("semicrf.*",), lambda c: _rebuilt(c, lengths=(1,) + c.extra["shape"].lengths[1:])),
     Adversarial("all lengths 1", ("semicrf.*",), lambda c: _rebuilt(c, lengths=(1,) * c.extra["shape"].B)),
     Adversarial("T = 1", ("semicrf.*",), lambda c: _rebuilt(c, T=1, lengths=(1,) * c.extra["shape"].B)),
     Adversarial("K > T", ("semicrf.*",), lambda c: _rebuilt(c, K=c.extra["shape"].T + 2)),
-    Adversarial("NaN input", ("semicrf.*",), lambda c: cases.transform_argument(c, "cum_scores", _nan_at_1, "a NaN"),
-                errors_ok=True),
+    _transformed("NaN input", "cum_scores", _nan_at_1, "a NaN", errors_ok=True),
 )
 
 
 def _bad(argument: str, what: str, fn: Any, routes: tuple[str, ...] = ("semicrf.*",)) -> BadInput:
-    return BadInput(argument, what, routes, lambda c: cases.replace_argument(c, argument, fn(c), what))
+    """``argument`` replaced by ``fn(the case's arguments detached, its shape)``."""
+    return cases.bad_input(argument, what, routes, lambda c: fn(cases.detached(c.kwargs), c.extra["shape"]))
 
 
-def _kw(c: Case, name: str) -> Any:
-    return c.kwargs[name].detach()
-
-
-FLOATS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
-BAD_INPUTS = cases.standard_bad_inputs(
-    ("semicrf.*",), FLOATS + ("lengths",), other_device=FLOATS[1:] + ("lengths",), rejects_nan=FLOATS,
-    rejects_inf=FLOATS) + (
-    _bad("cum_scores", "2-D", lambda c: _kw(c, "cum_scores")[0]),
-    _bad("cum_scores", "T = 0", lambda c: _kw(c, "cum_scores")[:, :1]),
-    _bad("transition", "shape (C+1, C)", lambda c: _kw(c, "transition").new_zeros(c.extra["shape"].C + 1,
-                                                                                   c.extra["shape"].C)),
-    _bad("transition", "twice as many rows", lambda c: torch.cat([_kw(c, "transition")] * 2)),
-    _bad("transition", "other dtype than cum_scores", lambda c: _kw(c, "transition").double()
-         if _kw(c, "transition").dtype == torch.float32 else _kw(c, "transition").float()),
-    _bad("duration_bias", "shape (K+1, C)", lambda c: torch.cat([_kw(c, "duration_bias")] * 2)),
-    _bad("lengths", "0", lambda c: torch.zeros_like(c.kwargs["lengths"])),
-    _bad("lengths", "T + 1", lambda c: torch.full_like(c.kwargs["lengths"], _kw(c, "cum_scores").shape[1])),
-    _bad("lengths", "shape (B+1,)", lambda c: torch.cat([c.kwargs["lengths"], c.kwargs["lengths"][:1]])),
-    _bad("K", "0", lambda c: 0),
-    _bad("K", "a float", lambda c: float(c.kwargs["K"])),
-    _bad("semiring", "'sum'", lambda c: "sum", routes=("semicrf.*.log.*", "semicrf.*.max.*")),
-    _bad("proj_start", "shape (B, T+1, C)", lambda c: torch.cat([_kw(c, "proj_start"), _kw(c, "proj_start")[:, :1]], 1)),
-    _bad("proj_end", "shape (B, T, C+1)", lambda c: torch.cat([_kw(c, "proj_end"), _kw(c, "proj_end")[..., :1]], 2)),
-    _bad("use_triton", "a string", lambda c: "yes"),
+BAD_INPUTS = cases.standard_bad_inputs(("semicrf.*",), TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
+                                       rejects_nan=TENSORS, rejects_inf=TENSORS) + (
+    _bad("cum_scores", "T = 0", lambda kw, sh: kw["cum_scores"][:, :1]),
+    _bad("transition", "shape (C+1, C)", lambda kw, sh: kw["transition"].new_zeros(sh.C + 1, sh.C)),
+    _bad("transition", "twice as many rows", lambda kw, sh: torch.cat([kw["transition"]] * 2)),
+    _bad("transition", "other dtype than cum_scores", lambda kw, sh: kw["transition"].to(
+        torch.float64 if kw["transition"].dtype == torch.float32 else torch.float32)),
+    _bad("duration_bias", "shape (K+1, C)", lambda kw, sh: torch.cat([kw["duration_bias"]] * 2)),
+    _bad("lengths", "0", lambda kw, sh: torch.zeros_like(kw["lengths"])),
+    _bad("lengths", "T + 1", lambda kw, sh: torch.full_like(kw["lengths"], sh.T + 1)),
+    _bad("lengths", "shape (B+1,)", lambda kw, sh: torch.cat([kw["lengths"], kw["lengths"][:1]])),
+    _bad("K", "0", lambda kw, sh: 0),
+    _bad("K", "a float", lambda kw, sh: float(kw["K"])),
+    _bad("semiring", "'sum'", lambda kw, sh: "sum", routes=("semicrf.*.log.*", "semicrf.*.max.*")),
+    _bad("proj_start", "shape (B, T+1, C)", lambda kw, sh: torch.cat([kw["proj_start"], kw["proj_start"][:, :1]], 1)),
+    _bad("proj_end", "shape (B, T, C+1)", lambda kw, sh: torch.cat([kw["proj_end"], kw["proj_end"][..., :1]], 2)),
+    _bad("use_triton", "a string", lambda kw, sh: "yes"),
 )
 
 
@@ -423,27 +367,17 @@ INVARIANTS = (
 )
 
 FAMILY = Family(
-    name="semicrf",
-    package=package,
-    tree=TREE,
-    entry_points=ENTRIES,
-    make_case=make_case,
-    run=run,
-    reference=reference,
-    tolerances=TOLERANCES,
-    dtypes=(torch.float32, torch.float64),
+    name="semicrf", package=package, tree=TREE, entry_points=ENTRIES, make_case=make_case, run=run,
+    reference=reference, tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
     oracles=(Oracle("exact backend", "small", exact_backend), Oracle("brute force", "tiny", brute_force)),
-    properties=PROPERTIES,
-    adversarial=ADVERSARIAL,
-    bad_inputs=BAD_INPUTS,
-    invariants=INVARIANTS,
+    properties=PROPERTIES, adversarial=ADVERSARIAL, bad_inputs=BAD_INPUTS, invariants=INVARIANTS,
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside "
               "1..T, K < 1, NaN/+inf scores raise ValueError/TypeError naming the argument.", make_call),
         Guard("A semiring sum over only -inf terms is -inf with zero gradient, never NaN (the exact backend's "
               "safe logsumexp).", semirings.logsumexp),
         Guard("Triton kernels shift every logsumexp by where(max == -inf, 0, max): a slice of only -inf terms gives "
-              "-inf, never NaN.", safe_logsumexp.fn),
+              "-inf, never NaN (the shared provable_kernels.triton_math helpers).", lse_shift.fn),
         Guard("A sequence with no segmentation of finite score (e.g. every transition -inf and L > K) gets logZ "
               "= -inf and zero gradients in the PyTorch backward.", torch_ops.backward),
         Guard("The max route's gradient is the indicator of the decoded path, zero where the best score is -inf.",

@@ -2,7 +2,8 @@
 
 A segmentation per sequence is given as two (B, T) tensors: ``starts`` (bool) marks the first position of each
 segment and ``labels`` (int64) the label of every position; positions >= ``lengths[b]`` are ignored. The score is
-the convention of shared/DESIGN.md: per segment [s, s+d) with label c,
+the semi-CRF convention (:mod:`provable_kernels.semicrf.call`; site page "Semi-CRF conventions"): per segment
+[s, s+d) with label c,
 ``cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c] + proj_end[s+d-1, c]``, plus
 ``trans(d)[c_prev, c]`` for every segment except the first (``trans(d) = transition[d-1]`` when it is 3-D:
 indexed by the duration of the segment being entered).
@@ -14,7 +15,7 @@ from typing import Optional
 import torch
 
 from provable_kernels import validate
-from provable_kernels.semicrf.dispatch import make_call
+from provable_kernels.semicrf.call import check_scores
 
 
 def _positions(lengths: torch.Tensor, T: int) -> torch.Tensor:
@@ -99,8 +100,7 @@ def path_score(
     if duration_bias.shape[0] < 1:
         raise ValueError(f"duration_bias must have shape (K, C) with K >= 1, got {tuple(duration_bias.shape)}")
     K = duration_bias.shape[0]
-    call = make_call("partition", cum_scores, transition, duration_bias, lengths, K, "log", proj_start, proj_end,
-                     False)
+    call = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
     B, T, C = call.batch, call.T, call.C
     device = call.cum_scores.device
     starts = validate.tensor("starts", starts, ndim=2, dtypes=(torch.bool,), device=device)

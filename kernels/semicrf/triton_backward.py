@@ -33,12 +33,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from provable_kernels.triton_math import logsumexp, lse_merge, lse_parts, lse_shift
+
 from provable_kernels.semicrf.triton_forward import (
     SIZES,
-    _lse,
-    _lse_merge,
-    _lse_parts,
-    _safe,
     alpha_step,
     copy_block,
     dur_chunk,
@@ -70,7 +68,7 @@ def _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur_k, t
     x = x64.to(FT)
     if TRANS_3D:
         pairs_in = a_s[None, :, None] + trans_k  # alpha[s, c'] - A[s] + trans(d)[c', c], (DB, CP', CP)
-        incoming = tl.where((s + 0 * d == 0)[:, None], 0.0, _lse(pairs_in, 1))  # in(s, d) - A[s], (DB, CP)
+        incoming = tl.where((s + 0 * d == 0)[:, None], 0.0, logsumexp(pairs_in, 1))  # in(s, d) - A[s], (DB, CP)
         seg = tl.exp(x + incoming + G)
         pair_ok = (d <= kmax) & (s + 0 * d > 0)
         ptr = g_trans + (d - 1)[:, None, None] * C * C + cols[None, :, None] * C + cols[None, None, :]
@@ -78,12 +76,12 @@ def _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur_k, t
                     pair_ok[:, None, None] & cmask[None, :, None] & cmask[None, None, :])
         out = trans_k + x[:, None, :]
         top = tl.max(tl.max(out, 2), 0)
-        total = tl.sum(tl.sum(tl.exp(out - _safe(top)[None, :, None]), 2), 0).to(tl.float64)
+        total = tl.sum(tl.sum(tl.exp(out - lse_shift(top)[None, :, None]), 2), 0).to(tl.float64)
         top = top.to(tl.float64)
         starts = tl.sum(seg, 0)
     else:
         seg = tl.exp(x + (incoming + G)[None, :])
-        top, total = _lse_parts(x64, 0)
+        top, total = lse_parts(x64, 0)
         starts = tl.zeros_like(total)
     return top, total, seg, starts
 
@@ -102,7 +100,7 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
         incoming = tl.zeros((CP,), FT)  # unused: in(s, d) depends on d, computed per chunk
     else:
         pairs_in = a_s[:, None] + trans0  # alpha[s, c'] - A[s] + trans[c', c], (CP', CP)
-        incoming = tl.where(first, 0.0, _lse(pairs_in, 0))  # in(s) - A[s]
+        incoming = tl.where(first, 0.0, logsumexp(pairs_in, 0))  # in(s) - A[s]
     d = 1 + tl.arange(0, DB)
     top, total, seg, starts = _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur0, trans0,
                                              g_trans, cols, cmask, TRANS_3D, FT)
@@ -116,16 +114,16 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
         c_top, c_total, c_seg, c_starts = _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring,
                                                          dur_chunk(dur, d, K, C, cols, cmask), trans_k, g_trans,
                                                          cols, cmask, TRANS_3D, FT)
-        top, total = _lse_merge(top, total, c_top, c_total)
+        top, total = lse_merge(top, total, c_top, c_total)
         starts += c_starts
         _accumulate(g_dur + (d - 1)[:, None] * C + cols[None, :], g * c_seg, (d <= K)[:, None] & cmask[None, :])
-    lse = _safe(top) + tl.log(total)
+    lse = lse_shift(top) + tl.log(total)
     if TRANS_3D:
         beta = lse
     else:
         out = lse.to(FT) + G  # o(s) - M + G
         starts = tl.exp(incoming + out)
-        beta = _lse(trans0.to(tl.float64) + lse[None, :], 1)
+        beta = logsumexp(trans0.to(tl.float64) + lse[None, :], 1)
         trans_acc += tl.where(first, 0.0, tl.exp(pairs_in + out[None, :]))
     return starts, beta, dur_acc, trans_acc
 
@@ -229,7 +227,7 @@ def semicrf_backward_kernel(
             if HAS_PE:
                 tl.store(g_pe + (s - 1) * C + cols, g * ends, mask=later)
             tl.store(bring + (s % KR) * C + cols, M + beta + cum_t + pe_t, mask=cmask)
-            M += _safe(tl.max(beta, 0))
+            M += lse_shift(tl.max(beta, 0))
             tl.debug_barrier()
             cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
         dur_total += dur_acc.to(tl.float64)

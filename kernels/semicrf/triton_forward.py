@@ -1,6 +1,6 @@
 """Triton streaming forward of the semi-CRF (log and max semirings), one program per sequence.
 
-Recursion (conventions in :mod:`provable_kernels.semicrf.dispatch`), run for t = 1..L_b:
+Recursion (conventions in :mod:`provable_kernels.semicrf.call`), run for t = 1..L_b:
 
     alpha[t, c] = ⊕_{d=1..min(K,t)} in(t-d, d)[c] + seg(t-d, d, c),      in(0, ·) = 0,
     in(s, d)[c] = ⊕_{c'} alpha[s, c'] + trans(d)[c', c],
@@ -34,42 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _safe(m):
-    """``m`` with -inf replaced by 0: the shift of a logsumexp (never -inf - -inf)."""
-    return tl.where(m == float("-inf"), 0.0, m)
-
-
-@triton.jit
-def _lse_parts(x, axis: tl.constexpr):
-    """(max, sum of exp(x - max)) of ``x`` along ``axis``, in x's dtype; an all -inf slice gives (-inf, 0)."""
-    top = tl.max(x, axis)
-    return top, tl.sum(tl.exp(x - tl.expand_dims(_safe(top), axis)), axis)
-
-
-@triton.jit
-def _lse_merge(top, total, chunk_top, chunk_total):
-    """Merge two (max, sum exp) pairs of an online logsumexp."""
-    new = tl.maximum(top, chunk_top)
-    shift = _safe(new)
-    return new, total * tl.exp(top - shift) + chunk_total * tl.exp(chunk_top - shift)
-
-
-@triton.jit
-def _lse(x, axis: tl.constexpr):
-    top, total = _lse_parts(x, axis)
-    return _safe(top) + tl.log(total)
-
-
-@triton.jit
-def _reduce(x, axis: tl.constexpr, LOG: tl.constexpr):
-    """The semiring sum along ``axis``: logsumexp (LOG) or max, in x's dtype."""
-    if LOG:
-        out = _lse(x, axis)
-    else:
-        out = tl.max(x, axis)
-    return out
+from provable_kernels.triton_math import lse_merge, lse_parts, lse_shift, semiring_sum
 
 
 @triton.jit
@@ -137,10 +102,10 @@ def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur_k, trans_k, cols, cmas
     if TRANS_3D:
         a = tl.load(ring_a + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
         paths = a[:, :, None] + trans_k  # (DB, CP', CP), relative to A[s]
-        term += tl.where((s == 0)[:, None], 0.0, _reduce(paths, 1, LOG)).to(CT)
+        term += tl.where((s == 0)[:, None], 0.0, semiring_sum(paths, 1, LOG)).to(CT)
     term = tl.where(ok, term, float("-inf"))
     if LOG:
-        top, total = _lse_parts(term, 0)
+        top, total = lse_parts(term, 0)
     else:
         top = tl.max(term, 0)
         total = tl.zeros_like(top)
@@ -174,14 +139,14 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, 
                                                     dur_chunk(dur, d, K, C, cols, cmask), trans_k, cols, cmask,
                                                     LOG, TRANS_3D, WRITE_BP, CT)
         if LOG:
-            top, total = _lse_merge(top, total, c_top, c_total)
+            top, total = lse_merge(top, total, c_top, c_total)
         else:
             better = c_top > top  # strict: the earlier chunk (shorter duration) wins ties
             best_d = tl.where(better, c_d, best_d)
             best_prev = tl.where(better, c_prev, best_prev)
             top = tl.maximum(top, c_top)
     if LOG:
-        value = _safe(top) + tl.log(total)
+        value = lse_shift(top) + tl.log(total)
     else:
         value = top
     return value, best_d, best_prev
@@ -195,7 +160,7 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
     a[t] = alpha[t] - A[t] (CT); pushes the ring entry of t (2-D: with in(t) = ⊕_c' alpha[t, c'] + trans[c', c]
     and, with WRITE_BP, its best previous label per c, smallest among ties, at ``bp_prev[t]``) and makes it
     visible to the whole program."""
-    shift = _safe(tl.max(value, 0))
+    shift = lse_shift(tl.max(value, 0))
     A = R + shift
     a = value - shift
     slot = t % KR
@@ -204,7 +169,7 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
         tl.store(ring_a + slot * C + cols, a.to(FT), mask=cmask)
     else:
         paths = a[:, None] + trans0.to(CT)  # (CP', CP)
-        entry = A + _reduce(paths, 0, LOG) + ps_t - cum_t
+        entry = A + semiring_sum(paths, 0, LOG) + ps_t - cum_t
         if WRITE_BP:
             tl.store(bp_prev + t * C + cols, tl.argmax(paths, 0, tie_break_left=True).to(tl.int32), mask=cmask)
     tl.store(ring + slot * C + cols, entry, mask=cmask)
@@ -295,6 +260,6 @@ def semicrf_forward_kernel(
                 tl.store(ck_offset + b * NCK + k, R)
         cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
 
-    tl.store(out + b, (R + _reduce(a, 0, LOG)).to(out.dtype.element_ty))
+    tl.store(out + b, (R + semiring_sum(a, 0, LOG)).to(out.dtype.element_ty))
     if WRITE_BP:
         tl.store(last_label + b, tl.argmax(a, 0, tie_break_left=True).to(tl.int32))

@@ -1,6 +1,6 @@
 """Triton backend of the streaming semi-CRF: the kernels behind the ``semicrf.triton.*`` routes.
 
-Same interface as :mod:`provable_kernels.semicrf.reference` (conventions in :mod:`provable_kernels.semicrf.dispatch`):
+Same interface as :mod:`provable_kernels.semicrf.torch_ops` (conventions in :mod:`provable_kernels.semicrf.call`):
 ``partition``, ``forward_checkpointed``, ``backward``, ``viterbi``. Every kernel runs one program per sequence,
 sequential over positions, with edges computed on the fly from ``cum_scores`` and O(K*C) live state (a ring of the
 last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longer than T never occur, so K is
@@ -52,7 +52,7 @@ from torch import Tensor
 
 from provable_kernels import validate
 from provable_kernels.dispatch import triton_usable
-from provable_kernels.semicrf.dispatch import StreamingCall, require_call
+from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
 from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel
 from provable_kernels.semicrf.triton_forward import semicrf_forward_kernel
@@ -63,7 +63,7 @@ TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transi
 
 
 def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
-    """(DB, forward warps, backward warps) for capped K and C labels: durations per chunk, then warps from the
+    """(durations per chunk, forward warps, backward warps) for capped K and C labels: then warps from the
     chunk's tile size e (measured on an H200, benchmarks/NOTES-semicrf.md): forward e/128 in [2, 8], backward
     (more independent work per step) e/64 in [4, 8]. Memoised (host overhead per call)."""
     return _config(K, C, trans_3d, TILE_2D, TILE_3D)
@@ -80,7 +80,8 @@ def _config(K: int, C: int, trans_3d: bool, tile_2d: int, tile_3d: int) -> tuple
 
 @dataclass(frozen=True)
 class _Plan:
-    """A call's tensors (contiguous), sizes and compile-time flags, shared by every kernel of the call."""
+    """A call's tensors (contiguous), sizes and compile-time flags, shared by every kernel of the call. The kernels
+    take the sizes under short names (``KR``, ``S``, ``NCK``, ``DB``, ``FT``, ...); each is spelled out here."""
 
     cum: Tensor
     trans: Tensor
@@ -91,24 +92,27 @@ class _Plan:
     B: int
     T: int
     C: int
-    K: int  # min(call.K, T)
-    K_call: int
-    S: int  # checkpoint interval
-    DB: int
+    K: int  # min(call.K, T): durations longer than T never occur
+    K_requested: int  # call.K: the gradients have this many duration rows
+    checkpoint_interval: int  # kernel ``S``: the forward saves its ring after every S steps
+    durations_per_chunk: int  # kernel ``DB``: durations reduced together (NCHUNK = ceil(K / DB) chunks)
     warps: int
     backward_warps: int
     trans_3d: bool
 
     @property
-    def KR(self) -> int:
+    def ring_size(self) -> int:
+        """Kernel ``KR``: entries of a ring (the last K+1 positions)."""
         return self.K + 1
 
     @property
-    def NCK(self) -> int:
-        return self.T // self.S + 1
+    def checkpoint_count(self) -> int:
+        """Kernel ``NCK``: saved rings, after steps 0, S, 2S, ..."""
+        return self.T // self.checkpoint_interval + 1
 
     @property
-    def FT(self):
+    def input_type(self):
+        """Kernel ``FT``: the Triton dtype of the inputs."""
         return tl.float32 if self.cum.dtype == torch.float32 else tl.float64
 
     def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
@@ -116,26 +120,31 @@ class _Plan:
         return make(shape, dtype=dtype, device=self.cum.device)
 
     def sizes(self) -> tuple[int, ...]:
-        return (self.T, self.K, self.KR, self.S, self.NCK, self.C)
+        """The kernels' size arguments ``(T, K, KR, S, NCK, C)``."""
+        return (self.T, self.K, self.ring_size, self.checkpoint_interval, self.checkpoint_count, self.C)
 
     def meta(self, warps: int) -> dict:
         """Compile-time arguments shared by the kernels (a memoised dict: do not modify)."""
-        return _meta(self.C, self.K, self.DB, self.trans_3d, self.ps is not None, self.pe is not None, self.FT, warps)
+        return _meta(self.C, self.K, self.durations_per_chunk, self.trans_3d, self.ps is not None, self.pe is not None,
+                     self.input_type, warps)
 
     def inputs(self) -> tuple[Tensor, ...]:
         return (self.cum, self.trans, self.dur, self.cum if self.ps is None else self.ps,
                 self.cum if self.pe is None else self.pe, self.lengths)
 
     def rings(self) -> tuple[Tensor, Tensor]:
-        """Scratch rings (B, KR, C): float64 entries, a-values (3-D transitions only)."""
-        ring_a = self.new(self.B, self.KR, self.C, dtype=self.cum.dtype) if self.trans_3d else self.cum
-        return self.new(self.B, self.KR, self.C, dtype=torch.float64), ring_a
+        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only)."""
+        ring_a = self.new(self.B, self.ring_size, self.C, dtype=self.cum.dtype) if self.trans_3d else self.cum
+        return self.new(self.B, self.ring_size, self.C, dtype=torch.float64), ring_a
 
 
 @functools.lru_cache(maxsize=1024)
-def _meta(C: int, K: int, DB: int, trans_3d: bool, has_ps: bool, has_pe: bool, FT, warps: int) -> dict:
-    return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=FT, CP=triton.next_power_of_2(C), DB=DB,
-                NCHUNK=triton.cdiv(K, DB), num_warps=warps, num_stages=1)
+def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool, has_pe: bool, input_type,
+          warps: int) -> dict:
+    """The kernels' constexpr arguments: ``CP`` labels padded to a power of two, ``DB`` durations per chunk,
+    ``NCHUNK`` chunks, ``FT`` the input dtype."""
+    return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=input_type, CP=triton.next_power_of_2(C),
+                DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk), num_warps=warps, num_stages=1)
 
 
 def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
@@ -150,15 +159,15 @@ def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
     B, T, C = call.batch, call.T, call.C
     K = min(call.K, T)
     trans_3d = call.transition.dim() == 3
-    DB, warps, backward_warps = config(K, C, trans_3d)
+    durations_per_chunk, warps, backward_warps = config(K, C, trans_3d)
     capped = K < call.K  # durations beyond T never occur: drop their rows (a view only when needed)
     trans, dur = call.transition, call.duration_bias
     return _Plan(
         cum=call.cum_scores.contiguous(), trans=(trans[:K] if capped and trans_3d else trans).contiguous(),
         dur=(dur[:K] if capped else dur).contiguous(), ps=_contiguous(call.proj_start),
-        pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_call=call.K,
-        S=max(1, math.isqrt(T * (K + 1) - 1) + 1), DB=DB, warps=warps, backward_warps=backward_warps,
-        trans_3d=trans_3d)
+        pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_requested=call.K,
+        checkpoint_interval=max(1, math.isqrt(T * (K + 1) - 1) + 1), durations_per_chunk=durations_per_chunk,
+        warps=warps, backward_warps=backward_warps, trans_3d=trans_3d)
 
 
 def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple[Tensor, ...]] = None,
@@ -179,7 +188,7 @@ def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.cum.dtype, chain=plan.FT)
+    return _forward(plan, call.semiring == "log", plan.cum.dtype, chain=plan.input_type)
 
 
 def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
@@ -187,17 +196,12 @@ def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Ten
     (B, T//S+1, K+1, C) float64, a-value checkpoints (same shape, 3-D transitions only, else (1,)), offsets
     (B, T//S+1) float64)``, the ring saved after steps 0, S, 2S, ..."""
     plan = _plan(call, "log")
-    shape = (plan.B, plan.NCK, plan.KR, plan.C)
+    shape = (plan.B, plan.checkpoint_count, plan.ring_size, plan.C)
     ck_ring = plan.new(*shape, dtype=torch.float64)
     ck_ring_a = plan.new(*shape, dtype=plan.cum.dtype) if plan.trans_3d else plan.new(1, dtype=plan.cum.dtype)
-    ck_offset = plan.new(plan.B, plan.NCK, dtype=torch.float64)
+    ck_offset = plan.new(plan.B, plan.checkpoint_count, dtype=torch.float64)
     logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, ck_offset))
     return logZ.to(plan.cum.dtype), (logZ, ck_ring, ck_ring_a, ck_offset)
-
-
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
-    """``x`` with zero rows appended up to ``rows`` (gradients of durations longer than T)."""
-    return torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))]) if rows > x.shape[0] else x
 
 
 def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
@@ -211,7 +215,8 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     if not (isinstance(saved, tuple) and len(saved) == 4):
         raise TypeError("saved must be the 4-tuple returned by forward_checkpointed")
     logZ64, ck_ring, ck_ring_a, ck_offset = saved
-    validate.shape("saved checkpoints", ck_ring, (plan.B, plan.NCK, plan.KR, plan.C), "(B, T//S+1, K+1, C)")
+    validate.shape("saved checkpoints", ck_ring, (plan.B, plan.checkpoint_count, plan.ring_size, plan.C),
+                   "(B, T//S+1, K+1, C)")
     grad_logZ = grad_logZ.to(dtype).contiguous()
 
     ring, ring_a = plan.rings()
@@ -223,15 +228,16 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     part_trans = plan.new(plan.B, *trans_shape, dtype=torch.float64, zero=True)
     semicrf_backward_kernel[(plan.B,)](
         *plan.inputs(), logZ64, grad_logZ, ring, ring_a, ck_ring, ck_ring_a, ck_offset,
-        plan.new(plan.B, plan.S + 1, plan.C, dtype=dtype), plan.new(plan.B, plan.S + 1, dtype=torch.float64),
-        plan.new(plan.B, plan.KR, plan.C, dtype=torch.float64),
+        plan.new(plan.B, plan.checkpoint_interval + 1, plan.C, dtype=dtype),
+        plan.new(plan.B, plan.checkpoint_interval + 1, dtype=torch.float64),
+        plan.new(plan.B, plan.ring_size, plan.C, dtype=torch.float64),
         g_cum, g_cum if g_ps is None else g_ps, g_cum if g_pe is None else g_pe, part_dur, part_trans,
         *plan.sizes(), **plan.meta(plan.backward_warps))
 
     g_dur, g_trans = part_dur.sum(0).to(dtype), part_trans.sum(0).to(dtype)  # fixed order: deterministic
     if plan.trans_3d:
-        g_trans = _pad_rows(g_trans, plan.K_call)
-    return g_cum, g_trans, _pad_rows(g_dur, plan.K_call), g_ps, g_pe
+        g_trans = pad_duration_rows(g_trans, plan.K_requested)
+    return g_cum, g_trans, pad_duration_rows(g_dur, plan.K_requested), g_ps, g_pe
 
 
 def viterbi(call: StreamingCall) -> ViterbiPath:

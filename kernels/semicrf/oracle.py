@@ -1,8 +1,9 @@
-"""Brute-force semi-Markov CRF oracle.
+"""Independent semi-CRF references: the brute-force oracle and the float64 recursion. Imports only torch and the
+standard library; shares no code with the routes it checks.
 
 Enumerates every labeled segmentation of [0, L) (durations 1..K inclusive, C labels) and scores each one
-straight from the convention in shared/DESIGN.md, in float64 Python arithmetic, independently of every
-recursion in ``kernels``:
+straight from the convention (site page "Semi-CRF conventions"), in float64 Python arithmetic, independently of
+every recursion of the library:
 
     score(y) = sum_i [cum[s_i+d_i, c_i] - cum[s_i, c_i] + duration_bias[d_i-1, c_i]
                       + proj_start[s_i, c_i] + proj_end[s_i+d_i-1, c_i]]
@@ -10,7 +11,7 @@ recursion in ``kernels``:
 
 A segmentation is a tuple of ``(start, duration, label)``. Keep L, K, C tiny: the count grows like (C K)^L.
 
-Two differentiable float64 references in torch, also independent of ``kernels``, for larger problems and for
+Two differentiable float64 references in torch, also independent of the routes, for larger problems and for
 gradients by autograd:
 
 - :func:`brute_force_partition`: every segmentation scored with torch indexing, then logsumexp / max (tiny only).
@@ -350,3 +351,56 @@ def linear_chain(cum_scores, transition, duration_bias, lengths, semiring: str =
             alpha = reduce(alpha[:, None] + trans, 0) + emit[b, t]
         out.append(reduce(alpha, 0))
     return torch.stack(out)
+
+
+def path_segmentation(labels: Sequence[int], starts: Sequence[bool], length: int, K: int) -> Segmentation:
+    """The segmentation of one sequence given per position as ``labels`` and ``starts`` (-1 / False past
+    ``length``); ``AssertionError`` unless it tiles [0, length) with durations 1..K and one label per segment."""
+    labels, starts = [int(x) for x in labels], [bool(x) for x in starts]
+    if any(x != -1 for x in labels[length:]) or any(starts[length:]):
+        raise AssertionError(f"path extends past its length {length}: labels {labels}, starts {starts}")
+    begins = [t for t in range(length) if starts[t]]
+    if begins[:1] != [0]:
+        raise AssertionError(f"no segment starts at 0: starts {starts}")
+    bounds = begins + [length]
+    segmentation = tuple((s, e - s, labels[s]) for s, e in zip(bounds, bounds[1:]))
+    for s, d, c in segmentation:
+        if not (1 <= d <= K and all(x == c for x in labels[s : s + d])):
+            raise AssertionError(f"segment ({s}, {d}, {c}) invalid for K = {K}: labels {labels}")
+    return segmentation
+
+
+def viterbi_by_gradient(cum_scores, transition, duration_bias, lengths, K: int, proj_start=None, proj_end=None):
+    """``(best score (B,), labels (B, T), starts (B, T))`` from :func:`naive_partition` in the max semiring: the
+    path is read off the gradient of the best score w.r.t. ``proj_start`` (zeros when absent), 1 exactly at the
+    (start, label) of each best segment (``AssertionError`` at a tie). Float64 inputs."""
+    given = proj_start
+    leaf = (torch.zeros_like(cum_scores[:, 1:]) if given is None else given.detach()).requires_grad_(True)
+    with torch.enable_grad():
+        best = naive_partition(cum_scores, transition, duration_bias, lengths, K, "max", leaf, proj_end)
+        (starts,) = torch.autograd.grad(best.sum(), leaf)
+    segments = segments_from_starts(starts, torch.as_tensor(lengths).tolist())
+    return (best.detach(), *path_tensors(segments, cum_scores.shape[1] - 1))
+
+
+def brute_force_viterbi(scored, T: int):
+    """``(best score (B,), labels (B, T), starts (B, T))`` of the :func:`all_scores` ``scored``, float64."""
+    best_ = best(scored)
+    return (torch.tensor([s for _, s in best_], dtype=torch.float64),
+            *path_tensors([list(y) for y, _ in best_], T))
+
+
+def brute_force_value(scored, semiring: str) -> torch.Tensor:
+    """logZ (``"log"``) or the best score (``"max"``) per sequence of ``scored``, (B,) float64."""
+    value = log_partition(scored) if semiring == "log" else [s for _, s in best(scored)]
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def path_scores(labels, starts, lengths, K: int, cum_scores, transition, duration_bias, proj_start=None,
+                proj_end=None) -> torch.Tensor:
+    """The score (B,) float64 of each sequence's decoded path (``labels`` / ``starts`` (B, T) as Viterbi returns
+    them), checked to be a segmentation (:func:`path_segmentation`) and scored by :func:`score`."""
+    return torch.tensor([score(path_segmentation(labels[b].tolist(), starts[b].tolist(), L, K), cum_scores[b],
+                               transition, duration_bias, None if proj_start is None else proj_start[b],
+                               None if proj_end is None else proj_end[b])
+                         for b, L in enumerate(torch.as_tensor(lengths).tolist())], dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""PyTorch reference of the streaming semi-CRF: the backend behind the ``semicrf.torch.*`` routes.
+"""PyTorch backend of the streaming semi-CRF: the code behind the ``semicrf.torch.*`` routes.
 
-The recursion of every streaming route (conventions in :mod:`provable_kernels.semicrf.dispatch`), vectorised over batch,
+The recursion of every streaming route (conventions in :mod:`provable_kernels.semicrf.call`), vectorised over batch,
 durations and labels, with a Python loop over positions:
 
     alpha[t, c] = ⊕_{d=1..min(K,t)} in(t-d, d)[c] + seg(t-d, d, c),   in(0, d) = 0 (the first segment pays no
@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from provable_kernels import validate
-from provable_kernels.semicrf.dispatch import StreamingCall, require_call
+from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
 
 Reduce = Callable[..., Tensor]  # reduce(x, dim): the semiring sum ⊕ over dim(s)
@@ -224,17 +224,12 @@ class _Outside:
 
     def gradients(self, call: StreamingCall) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
         """(g_cum, g_trans, g_dur, g_ps, g_pe) shaped like the call's tensors, in the input dtype."""
-        dtype, missing = call.cum_scores.dtype, call.K - self.x.K
-        g_trans = self.trans.sum(0) if self.x.trans_2d is not None else _pad_rows(self.trans, missing)
+        dtype = call.cum_scores.dtype
+        g_trans = self.trans.sum(0) if self.x.trans_2d is not None else pad_duration_rows(self.trans, call.K)
         g_ps = self.starts[:, :-1] if call.proj_start is not None else None
         g_pe = self.ends[:, 1:] if call.proj_end is not None else None
-        grads = (self.ends - self.starts, g_trans, _pad_rows(self.dur, missing), g_ps, g_pe)
+        grads = (self.ends - self.starts, g_trans, pad_duration_rows(self.dur, call.K), g_ps, g_pe)
         return tuple(None if g is None else g.to(dtype) for g in grads)  # type: ignore[return-value]
-
-
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
-    """``x`` with ``rows`` rows of zeros appended (gradients of durations longer than T)."""
-    return torch.cat([x, x.new_zeros((rows,) + tuple(x.shape[1:]))]) if rows else x
 
 
 def backward(call: StreamingCall, saved: tuple[Tensor, Tensor], logZ: Tensor, grad_logZ: Tensor) -> tuple:

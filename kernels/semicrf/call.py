@@ -1,0 +1,129 @@
+"""The validated semi-CRF call: what every route and backend receives. Imports no backend.
+
+Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conventions.md``):
+
+- ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only
+  differences enter a score); float32 or float64, and every other float tensor has its dtype and device.
+- ``transition`` (C, C) or duration-dependent (K, C, C), oriented ``transition[src, dst]``.
+- ``duration_bias`` (K, C): row ``d-1`` for duration ``d``; durations are 1..K, **K inclusive**.
+- ``proj_start``, ``proj_end`` (B, T, C), each optional: scores for a segment starting / ending at a position.
+- ``transition``, ``duration_bias``, ``proj_start`` and ``proj_end`` may hold -inf to forbid a choice; NaN and
+  +inf are rejected everywhere, and ``cum_scores`` must be finite.
+- ``lengths`` (B,) int32/int64 with 1 <= L <= T.
+- A segment [s, s+d) with label c scores ``cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c]
+  + proj_end[s+d-1, c]``; every segment after the first also pays ``trans(d)[c_prev, c]``.
+- ``semiring="log"`` gives logZ (logsumexp over all segmentations), ``"max"`` the best score.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from provable_kernels import validate
+
+SEMIRINGS = ("log", "max")
+OPS = ("partition", "viterbi")
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The validated score tensors of a semi-CRF model (shapes in the module docstring)."""
+
+    cum_scores: torch.Tensor
+    transition: torch.Tensor
+    duration_bias: torch.Tensor
+    lengths: torch.Tensor
+    K: int
+    proj_start: Optional[torch.Tensor]
+    proj_end: Optional[torch.Tensor]
+
+    @property
+    def batch(self) -> int:
+        return self.cum_scores.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.cum_scores.shape[1] - 1
+
+    @property
+    def C(self) -> int:
+        return self.cum_scores.shape[2]
+
+    @property
+    def tensors(self) -> tuple[Optional[torch.Tensor], ...]:
+        """The five differentiable inputs, in a fixed order."""
+        return (self.cum_scores, self.transition, self.duration_bias, self.proj_start, self.proj_end)
+
+
+@dataclass(frozen=True)
+class StreamingCall(Scores):
+    """A validated call of a streaming entry point: the scores, which ``op`` (``partition`` or ``viterbi``), the
+    ``semiring`` and whether the caller allows the Triton backend."""
+
+    op: str
+    semiring: str
+    use_triton: bool
+
+
+def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=None, proj_end=None) -> Scores:
+    """Validate the score tensors (naming the argument on error: ``TypeError`` for a wrong type or dtype,
+    ``ValueError`` for a wrong shape, device or value); value checks (finiteness, length range) run together
+    through :class:`provable_kernels.validate.DataChecks`."""
+    cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=validate.FLOAT_DTYPES)
+    device, dtype = cum_scores.device, cum_scores.dtype
+    B, T1, C = cum_scores.shape
+    if T1 < 2:
+        raise ValueError(f"cum_scores must have shape (B, T+1, C) with T >= 1, got {tuple(cum_scores.shape)}")
+    if C < 1:
+        raise ValueError(f"cum_scores must have at least one label (C >= 1), got shape {tuple(cum_scores.shape)}")
+    K = validate.positive_int("K", K)
+    checks = validate.DataChecks()
+    checks.finite("cum_scores", cum_scores)
+    transition = validate.tensor("transition", transition, ndim=(2, 3), dtypes=(dtype,), device=device)
+    if transition.dim() == 2:
+        validate.shape("transition", transition, (C, C), "(C, C)")
+    else:
+        validate.shape("transition", transition, (K, C, C), "(K, C, C)")
+    checks.finite("transition", transition, allow_neg_inf=True)
+    duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=(dtype,), device=device)
+    validate.shape("duration_bias", duration_bias, (K, C), "(K, C)")
+    checks.finite("duration_bias", duration_bias, allow_neg_inf=True)
+    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device, checks)
+    for name, proj in (("proj_start", proj_start), ("proj_end", proj_end)):
+        if proj is not None:
+            validate.tensor(name, proj, ndim=3, dtypes=(dtype,), device=device)
+            validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
+            checks.finite(name, proj, allow_neg_inf=True)
+    checks.verify()
+    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+
+
+def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
+              use_triton) -> StreamingCall:
+    """Validate every argument (naming it on error) and bundle them into a :class:`StreamingCall`."""
+    op = validate.choice("op", op, OPS)
+    semiring = validate.choice("semiring", semiring, SEMIRINGS)
+    if not isinstance(use_triton, bool):
+        raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+    scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    return StreamingCall(**vars(scores), op=op, semiring=semiring, use_triton=use_triton)
+
+
+def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
+    """``call`` itself, after checking it is a :class:`StreamingCall` (and of ``semiring`` when given): the guard
+    every backend function runs first."""
+    if not isinstance(call, StreamingCall):
+        raise TypeError(f"call must be a StreamingCall (built by provable_kernels.semicrf.call.make_call), "
+                        f"got {type(call).__name__}")
+    if semiring is not None and call.semiring != semiring:
+        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
+    return call
+
+
+def pad_duration_rows(grad: torch.Tensor, K: int) -> torch.Tensor:
+    """A gradient over durations (K', ...) with zero rows appended up to K rows: backends cap K at T, and the
+    rows of durations longer than T (which no segment has) get zero gradient."""
+    missing = K - grad.shape[0]
+    return torch.cat([grad, grad.new_zeros((missing,) + tuple(grad.shape[1:]))]) if missing > 0 else grad

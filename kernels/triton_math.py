@@ -1,0 +1,49 @@
+"""-inf-safe reductions for Triton kernels (``@triton.jit`` helpers any family's kernels can call).
+
+Log-space kernels hold -inf for forbidden choices, and a slice can be all -inf. A naive logsumexp
+``max + log(sum(exp(x - max)))`` then computes ``-inf - -inf = NaN``. Every helper here shifts by
+:func:`lse_shift` (the max with -inf replaced by 0), so an all -inf slice gives ``-inf`` (``log(0)``), never NaN,
+and its (max, sum) pair is ``(-inf, 0)``. All arithmetic is in the dtype of the input block.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def lse_shift(m):
+    """``m`` with -inf replaced by 0: the shift of a logsumexp (never -inf - -inf)."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def lse_parts(x, axis: tl.constexpr):
+    """(max, sum of exp(x - max)) of ``x`` along ``axis``, in x's dtype; an all -inf slice gives (-inf, 0)."""
+    top = tl.max(x, axis)
+    return top, tl.sum(tl.exp(x - tl.expand_dims(lse_shift(top), axis)), axis)
+
+
+@triton.jit
+def lse_merge(top, total, chunk_top, chunk_total):
+    """Merge two (max, sum exp) pairs of an online logsumexp (e.g. over chunks of a long axis)."""
+    new = tl.maximum(top, chunk_top)
+    shift = lse_shift(new)
+    return new, total * tl.exp(top - shift) + chunk_total * tl.exp(chunk_top - shift)
+
+
+@triton.jit
+def logsumexp(x, axis: tl.constexpr):
+    """log(sum(exp(x))) along ``axis``; -inf for an all -inf slice."""
+    top, total = lse_parts(x, axis)
+    return lse_shift(top) + tl.log(total)
+
+
+@triton.jit
+def semiring_sum(x, axis: tl.constexpr, LOG: tl.constexpr):
+    """The semiring sum along ``axis``: :func:`logsumexp` (``LOG``) or max, in x's dtype."""
+    if LOG:
+        out = logsumexp(x, axis)
+    else:
+        out = tl.max(x, axis)
+    return out

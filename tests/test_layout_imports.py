@@ -1,0 +1,175 @@
+"""The shape every family shares: no import cycle in the kernel library, a library that never imports its verifier,
+registration only through the registry, and GPU records scoped to exactly what a family imports."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_sentinel import registry
+from kernel_sentinel.family import REPO_ROOT, imported_files
+
+KERNELS = REPO_ROOT / "kernels"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(KERNELS).with_suffix("").parts)
+    return ".".join(["provable_kernels"] + (parts[:-1] if parts[-1] == "__init__" else parts))
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Modules of ``provable_kernels`` that ``path`` imports anywhere (module top and inside functions); a
+    ``from package import name`` counts ``package.name`` when that is a module, else ``package``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in MODULES)
+    return found
+
+
+MODULES = {_module_name(p): p for p in sorted(KERNELS.rglob("*.py"))}
+
+
+def test_kernel_library_has_no_import_cycle():
+    """Every module under kernels/, every import statement (top level and inside functions): the graph is a DAG.
+    A package's ``__init__`` importing its own submodules is the one edge kind left out (Python runs the package
+    first, so a submodule importing its package's API would otherwise always look like a cycle)."""
+    graph = {m: {t for t in _imports(p, m) if not (p.name == "__init__.py" and t.startswith(m + "."))}
+             for m, p in MODULES.items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycle = stack[stack.index(target):] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, stack + [target])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+    assert graph["provable_kernels.semicrf.dispatch"] >= {"provable_kernels.semicrf.torch_ops",
+                                                          "provable_kernels.semicrf.triton_ops"}
+
+
+RUNTIME = sorted(m for m, p in MODULES.items() if p.name != "family.py")
+
+
+def test_library_imports_neither_sentinel_nor_hypothesis():
+    """A fresh interpreter imports every runtime module of the library (everything but the family.py
+    registrations): nothing of kernel_sentinel and no hypothesis may be loaded."""
+    code = ("import importlib, json, os, sys\n"
+            "os.environ.setdefault('TRITON_INTERPRET', '1')\n"
+            f"for name in {RUNTIME!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('kernel_sentinel', 'hypothesis'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert "provable_kernels.semicrf" in RUNTIME and "provable_kernels.semicrf.oracle" in RUNTIME
+
+
+def test_only_the_registry_imports_family_modules():
+    """No file of the library, of sentinel (but the registry) or of the tests imports a ``family.py`` module."""
+    offenders = []
+    for root in ("kernels", "sentinel", "tests", "benchmarks"):
+        for path in sorted((REPO_ROOT / root).rglob("*.py")):
+            if path == REPO_ROOT / "sentinel" / "registry.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
+                         if isinstance(node, ast.ImportFrom) else [])
+                if any(n.endswith(".family") and n.split(".")[0] == "provable_kernels" for n in names):
+                    offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+# ------------------------------------------------------------------------------------------ record scope
+
+
+def test_source_files_follow_imports_not_a_glob():
+    sources = {p.as_posix() for p in registry.family("semicrf").source_files()}
+    for wanted in ("kernels/semicrf/oracle.py", "kernels/semicrf/family.py", "kernels/semicrf/call.py",
+                   "kernels/triton_math.py", "kernels/dispatch.py", "kernels/validate.py", "kernels/__init__.py"):
+        assert wanted in sources
+    assert not any(s.startswith(("kernels/sinkhorn/", "kernels/segment/")) for s in sources)
+
+
+@pytest.fixture
+def scratch_library(tmp_path: Path) -> Path:
+    """A copy of the kernel library (only ``.py`` files) importable as ``provable_kernels`` from ``tmp_path``."""
+    copy = tmp_path / "repo" / "kernels"
+    for path in KERNELS.rglob("*.py"):
+        target = copy / path.relative_to(KERNELS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    return copy
+
+
+def _semicrf_sources(library: Path) -> list[str]:
+    """``imported_files`` of the semi-CRF package of ``library``, in a fresh interpreter, relative to it."""
+    root = library.parent.parent / "import-root"
+    root.mkdir(exist_ok=True)
+    if not (root / "provable_kernels").exists():
+        (root / "provable_kernels").symlink_to(library, target_is_directory=True)
+    code = ("import json, os, sys\n"
+            f"sys.path.insert(0, {str(root)!r})\n"
+            "os.environ.setdefault('TRITON_INTERPRET', '1')\n"
+            "import provable_kernels.semicrf as package\n"
+            "from kernel_sentinel.family import imported_files\n"
+            f"print(json.dumps(sorted(str(p.relative_to({str(library.resolve())!r})) for p in imported_files(package))))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_shared_module_of_another_family_leaves_semicrf_record_current(scratch_library):
+    before = _semicrf_sources(scratch_library)
+    (scratch_library / "only_other_family.py").write_text('"""A helper only another family imports."""\n')
+    (scratch_library / "other").mkdir()
+    (scratch_library / "other" / "__init__.py").write_text("from provable_kernels import only_other_family\n")
+    assert _semicrf_sources(scratch_library) == before
+    assert "only_other_family.py" not in before and "oracle.py" not in before  # paths relative to kernels/
+    assert "semicrf/oracle.py" in before and "triton_math.py" in before
+
+
+def test_record_goes_stale_when_the_oracle_changes(tmp_path, monkeypatch):
+    """An edit to the semi-CRF oracle changes the blob ids a record compares: the gate and the traces call the
+    record stale."""
+    from kernel_sentinel import gate, records
+
+    family = registry.family("semicrf")
+    sources = records.blob_ids(family.source_files())
+    assert "kernels/semicrf/oracle.py" in sources
+    record = {"device": {"type": "cuda", "name": "H9"}, "sources": sources,
+              "routes": [{"id": r.id, "dtype": str(d).removeprefix("torch."), "status": "pass"}
+                         for d in family.dtypes for r in family.tree.routes()]}
+    assert gate.record_problem(family, record, sources) is None
+    edited = dict(sources, **{"kernels/semicrf/oracle.py": "0" * 40})
+    problem = gate.record_problem(family, record, edited)
+    assert problem is not None and "kernels/semicrf/oracle.py" in problem
+    single = dataclasses.replace(family, dtypes=(family.dtypes[0],))
+    assert gate.record_problem(single, dict(record, routes=record["routes"][:1]), sources).startswith(
+        "the GPU record from H9 lacks routes")
