@@ -193,10 +193,9 @@ def _permuted(case: Case, seed: int) -> tuple[Case, torch.Tensor]:
         perm += (start + torch.randperm(n, generator=gen)).tolist()
         start += n
     perm = torch.tensor(perm, dtype=torch.int64)
-    key = "x"
-    x = case.kwargs[key]
+    x = case.kwargs["x"]
     moved = x.detach()[perm.to(x.device)].clone().requires_grad_(x.requires_grad)
-    return case.with_kwargs(case.description + "; rows permuted within segments", **{key: moved}), perm
+    return case.with_kwargs(case.description + "; rows permuted within segments", x=moved), perm
 
 
 def check_permutation(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
@@ -319,6 +318,15 @@ def _with_lengths(lengths: tuple[int, ...], what: str):
     return make
 
 
+def _with_trailing(trailing: tuple[int, ...], what: str):
+    def make(case: Case) -> Case:
+        shape = replace(case.extra["shape"], trailing=trailing)
+        made = make_case_for(case.route_id, shape, case.kwargs["x"].dtype, case.kwargs["x"].device)
+        return made.with_kwargs(f"{made.description} ({what})")
+
+    return make
+
+
 def _infinities(case: Case) -> Case:
     """+inf in the first column of the first and middle rows, -inf in the last column of the middle and last
     rows (columns are independent: no segment sums +inf and -inf)."""
@@ -350,6 +358,8 @@ ADVERSARIAL = (
                 expect=_expect_empty),
     Adversarial("every segment empty (N = 0)", NO_ROWS_ROUTES, _with_lengths((0, 0, 0), "N = 0"),
                 expect=_expect_empty),
+    Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
+    Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
 )
 
@@ -364,10 +374,9 @@ REDUCE_ONLY = ("segment.triton.*.infer.*", "segment.triton.*.train.*", "segment.
 def _swap_form(case: Case, both: bool) -> Case:
     """Both index forms (``both``) or neither."""
     kw = {k: v for k, v in case.kwargs.items() if k not in ("offsets", "ids", "num_segments")}
-    lengths = torch.tensor(case.extra["shape"].lengths, device=case.kwargs["x"].device)
     if both:
-        kw["offsets"] = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        kw["ids"] = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        kw["offsets"] = _as_form(case, "offsets").kwargs["offsets"]
+        kw["ids"] = _as_form(case, "ids").kwargs["ids"]
     return Case(case.route_id, case.entry, kw, case.description + ("; both index forms" if both else "; no index"),
                 case.upstream, case.extra)
 
@@ -409,6 +418,7 @@ BAD_INPUTS = (
     BadInput("offsets", "both index forms", ALL, lambda c: _swap_form(c, both=True)),
     BadInput("offsets", "neither index form", ALL, lambda c: _swap_form(c, both=False)),
     _index_bad("offsets", "decreasing", _decreasing),
+    _index_bad("offsets", "empty", lambda o: o[:0]),
     _index_bad("offsets", "not starting at 0", lambda o: o + 1),
     _index_bad("offsets", "not ending at N", lambda o: torch.cat([o[:-1], o[-1:] + 1])),
     _index_bad("offsets", "float dtype", lambda o: o.double()),
@@ -418,6 +428,12 @@ BAD_INPUTS = (
     _index_bad("ids", "negative", lambda i: i - 1),
     _index_bad("ids", "int16", lambda i: i.to(torch.int16)),
     _index_bad("ids", "on another device", lambda i: i.to("meta")),
+    BadInput("num_segments", "a float", REDUCE_ONLY,
+             lambda c: cases.replace_argument(_as_form(c, "ids"), "num_segments", 2.5, "2.5")),
+    BadInput("num_segments", "negative", REDUCE_ONLY,
+             lambda c: cases.replace_argument(_as_form(c, "ids"), "num_segments", -1, "-1")),
+    BadInput("num_segments", "not offsets.numel() - 1", REDUCE_ONLY,
+             lambda c: _as_form(c, "offsets").with_kwargs(c.description + "; num_segments: 99", num_segments=99)),
     BadInput("grad_output", "wrong shape", ("segment.*_backward",),
              lambda c: cases.replace_argument(c, "grad_output", c.kwargs["grad_output"][..., :1], "one column")),
     BadInput("grad_output", "wrong dtype", ("segment.*_backward",),
