@@ -2,7 +2,8 @@
 
 Per family: ``traces/<family>/index.md`` (dispatch overview) and one document per route group
 (:func:`route_groups`: the tree cut at depth two, e.g. ``partition-torch``, ``partition-triton``, ``viterbi``);
-plus ``traces/index.md``. Everything in them is read from the code: the Mermaid decision tree from the dispatch
+plus ``traces/index.md``; the hand-written pages under ``traces/guide/`` are never written, checked or deleted.
+Everything in them is read from the code: the Mermaid decision tree from the dispatch
 tree, conditions and functions with ``inspect`` (file:line), linked tests checked to exist by parsing the test
 files with ``ast``, verification results from ``<out>/verification/*.json``, history from ``git log``.
 

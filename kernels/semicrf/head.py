@@ -2,7 +2,8 @@
 
 Per-position label scores (from ``hidden`` through an optional Linear projection) become ``cum_scores`` by a zero
 row and a cumulative sum, in float64 when the scores are float64 and in float32 otherwise; the head's
-``transition`` (C, C) or (K, C, C) and ``duration_bias`` (K, C) complete the model of shared/DESIGN.md.
+``transition`` (C, C) or (K, C, C) and ``duration_bias`` (K, C) complete the model (conventions: the site page
+"Semi-CRF conventions" and :mod:`provable_kernels.semicrf.call`).
 Two backends compute the same model: ``"streaming"`` (``semi_crf_streaming_forward``: O(K C) state, Triton on
 GPU; log and max semirings) and ``"exact"`` (``edges_from_streaming`` + ``SemiMarkov``: builds the
 (B, T, K, C, C) edge tensor; every semiring).
