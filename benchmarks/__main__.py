@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--output-dir", type=Path, required=True)
     analyze.add_argument("--format", choices=("png", "pdf"), default="png")
     analyze.add_argument("--baseline", help="implementation the ratios divide by (default: this project's first)")
+    analyze.add_argument("--tables-only", action="store_true", help="write the CSV tables, no plots")
 
     gpu = sub.add_parser("gpu", help="every family's default grid and its analysis, under OUT/<family>/")
     gpu.add_argument("--out", type=Path, required=True)
@@ -113,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "analyze":
         from benchmarks.analysis import analyze
 
-        written = analyze(args.input, args.output_dir, args.format, args.baseline)
+        written = analyze(args.input, args.output_dir, args.format, args.baseline, plots=not args.tables_only)
         print(f"wrote {len(written)} files to {args.output_dir}")
         return 0
     if args.command == "site":

@@ -264,9 +264,11 @@ def heatmap(path: Path, ratios: list[dict], phase: str, baseline: str) -> Option
 # ---------------------------------------------------------------------------------------------------- entry
 
 
-def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[str] = None) -> list[Path]:
-    """Write the tables and plots of ``csv_path`` (its family from the ``family`` column; the copy bandwidth
-    from ``benchmark_full.json`` beside it when present) into ``out_dir``; returns the files written."""
+def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[str] = None,
+            plots: bool = True) -> list[Path]:
+    """Write the tables and (unless not ``plots``) plots of ``csv_path`` (its family from the ``family`` column;
+    the copy bandwidth from ``benchmark_full.json`` beside it when present) into ``out_dir``; returns the files
+    written."""
     rows = read_rows(Path(csv_path))
     if not rows:
         raise ValueError(f"{csv_path}: no rows")
@@ -295,30 +297,32 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
         cols = list(dict.fromkeys(k for row in table for k in row)) or ["empty"]
         write_csv(out_dir / name, table, cols)
         written.append(out_dir / name)
+    if not plots:
+        return written
 
     size, unit = adapter.size_column, adapter.size_unit
     labels = {a.name: f"{a.name}: {a.help}" for a in adapter.axes}
     memory_column = adapter.memory_column or size
     first = adapter.plot_axes[0]
-    plots = [line_plot(out_dir / f"time_vs_{axis}.{fmt}", rows, axis, lambda r: finite(r["time_ms"]),
+    figures = [line_plot(out_dir / f"time_vs_{axis}.{fmt}", rows, axis, lambda r: finite(r["time_ms"]),
                        "median time (ms)", f"{adapter.title}: time", labels.get(axis, axis))
              for axis in adapter.plot_axes]
-    plots.append(line_plot(out_dir / f"throughput_vs_{first}.{fmt}", rows, first, lambda r: finite(r["throughput"]),
+    figures.append(line_plot(out_dir / f"throughput_vs_{first}.{fmt}", rows, first, lambda r: finite(r["throughput"]),
                            f"throughput ({unit} / s)", f"{adapter.title}: throughput", labels.get(first, first)))
     copy = (header.get("floors") or {}).get("copy_bytes_per_s")
-    plots += [line_plot(out_dir / f"bandwidth_vs_{axis}.{fmt}", rows, axis,
+    figures += [line_plot(out_dir / f"bandwidth_vs_{axis}.{fmt}", rows, axis,
                         lambda r: finite(r["bytes_per_s"]) and finite(r["bytes_per_s"]) / 1e9,
                         "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor", labels.get(axis, axis),
                         hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None)
               for axis in adapter.plot_axes]
-    plots.append(line_plot(out_dir / f"memory_per_unit_vs_{first}.{fmt}", rows, first,
+    figures.append(line_plot(out_dir / f"memory_per_unit_vs_{first}.{fmt}", rows, first,
                            lambda r: finite(r["peak_mb"]) and finite(r[memory_column])
                            and finite(r["peak_mb"]) * 2**20 / finite(r[memory_column]),
                            f"peak bytes per {memory_column}", f"{adapter.title}: memory per {memory_column}",
                            labels.get(first, first)))
     bf = tables["backward_forward_ratios.csv"]
     impls = list(dict.fromkeys(r["impl"] for r in bf))
-    plots.append(bar_plot(out_dir / f"backward_forward.{fmt}", impls,
+    figures.append(bar_plot(out_dir / f"backward_forward.{fmt}", impls,
                           {"backward / forward": [geomean([r["backward_over_forward"] for r in bf if r["impl"] == i])
                                                   for i in impls],
                            "both / forward": [geomean([r["both_over_forward"] for r in bf if r["impl"] == i])
@@ -328,11 +332,11 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     overhead = tables[f"{adapter.variant_axis}_overhead.csv"]
     variants = list(dict.fromkeys(r[adapter.variant_axis] for r in overhead))
     o_impls = list(dict.fromkeys(r["impl"] for r in overhead))
-    plots.append(bar_plot(out_dir / f"{adapter.variant_axis}_overhead.{fmt}", o_impls,
+    figures.append(bar_plot(out_dir / f"{adapter.variant_axis}_overhead.{fmt}", o_impls,
                           {v: [geomean([r["overhead"] for r in overhead if r["impl"] == i
                                         and r[adapter.variant_axis] == v]) for i in o_impls] for v in variants},
                           "time / reference variant (geometric mean)", f"{adapter.title}: {adapter.variant_axis} "
                           "overhead"))
-    plots += [heatmap(out_dir / f"ratio_heatmap_{phase}.{fmt}", ratios, phase, baseline) for phase in PHASES]
-    written += [p for p in plots if p is not None]
+    figures += [heatmap(out_dir / f"ratio_heatmap_{phase}.{fmt}", ratios, phase, baseline) for phase in PHASES]
+    written += [p for p in figures if p is not None]
     return written

@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters  # noqa: E402
-from benchmarks.analysis import analyze  # noqa: E402
+from benchmarks.analysis import analyze, line_plot  # noqa: E402
 from benchmarks.common import write_csv  # noqa: E402
 from benchmarks.runner import columns  # noqa: E402
 
@@ -113,8 +113,17 @@ def test_every_plot_is_drawn(analyzed):
 def test_baseline_must_be_in_the_csv(tmp_path):
     synthetic_csv(tmp_path / "benchmark_full.csv")
     with pytest.raises(ValueError, match="--baseline"):
-        analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "png", "nope")
-    analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "pdf", "flash-semicrf")
+        analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "png", "nope", plots=False)
+    written = analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "png", "flash-semicrf", plots=False)
+    assert all(p.suffix == ".csv" for p in written)
     ratios = table(tmp_path / "plots" / "baseline_ratios.csv")
     assert {r["impl"] for r in ratios} == {"triton"}
-    assert (tmp_path / "plots" / "time_vs_T.pdf").exists()
+    assert {(r["T"], r["phase"]): float(r["time_ratio"]) for r in ratios}[("100", "forward")] == 2.0
+
+
+def test_pdf_format(tmp_path):
+    synthetic_csv(tmp_path / "benchmark_full.csv")
+    rows = table(tmp_path / "benchmark_full.csv")
+    path = line_plot(tmp_path / "time.pdf", rows, "T", lambda r: float(r["time_ms"]) if r["time_ms"] else None,
+                     "median time (ms)", "time", "T")
+    assert path.read_bytes().startswith(b"%PDF")
