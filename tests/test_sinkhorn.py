@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from provable_kernels import validate
 from provable_kernels.dispatch import recording
 from provable_kernels.sinkhorn import FusedMHC, SinkhornKnopp, sinkhorn
 from provable_kernels.sinkhorn import autograd as ops
@@ -76,9 +77,9 @@ def test_n_64_on_triton():
 
 
 def test_packing_several_matrices_per_program_and_a_partial_block():
-    B, n = 37, 4
+    B, n = 37, 8
     p = triton_ops.plan(B, n, DEVICE)
-    assert p.BM > 1 and B % p.BM != 0
+    assert p.BM > 1 and p.grid > 1 and B % p.BM != 0
     check(logits((B, n, n), seed=3), 2, "log")
     check(logits((B, n, n), seed=4), 2, "prob", eps=1e-3)
 
@@ -165,6 +166,17 @@ def test_modules():
 def test_bad_inputs(args, error, message):
     with pytest.raises(error, match=message):
         sinkhorn(*args)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_device_mode_poisons_outputs_and_gradients(use_triton):
+    x = logits((2, 3, 3))
+    x[1, 0, 0] = float("nan")
+    x.requires_grad_()
+    with validate.value_checks("device"):
+        out = sinkhorn(x, 2, "log", use_triton=use_triton)
+    out.sum().backward()
+    assert out.isnan().all() and x.grad.isnan().all()
 
 
 @pytest.mark.parametrize("domain", ["log", "prob"])

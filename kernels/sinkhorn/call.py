@@ -2,13 +2,15 @@
 
 ``sinkhorn(x, iters=20, domain="log", eps=1e-6)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
 any number of leading dims (none included); ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``; ``eps`` a
-real number >= 0 (used by ``"prob"`` only). -inf entries are allowed; NaN or +inf in ``x`` is a ``ValueError``.
+real number >= 0 (used by ``"prob"`` only). -inf entries are allowed; NaN or +inf in ``x`` is a ``ValueError``
+in host mode of the host-sync policy and NaN outputs and gradients in device mode (:class:`validate.DataChecks`).
 """
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -20,13 +22,15 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class SinkhornCall:
-    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``."""
+    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``; ``ok`` is
+    None when the value checks were read on the host, else the device flag that the entry point poisons with."""
 
     x: torch.Tensor
     iters: int
     domain: str
     eps: float
     use_triton: bool
+    ok: Optional[torch.Tensor] = None
 
     @property
     def n(self) -> int:
@@ -40,8 +44,9 @@ class SinkhornCall:
 
 def make_call(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
               use_triton: object = True) -> SinkhornCall:
-    """Validate the arguments (shapes, dtypes and types free; NaN/+inf in ``x`` with one host sync through
-    :class:`provable_kernels.validate.DataChecks`) and return the call."""
+    """Validate the arguments (shapes, dtypes and types from metadata; NaN/+inf in ``x`` through
+    :class:`provable_kernels.validate.DataChecks`: one host read in host mode, a device flag in device mode) and
+    return the call."""
     x = validate.tensor("x", x, dtypes=DTYPES)
     if x.dim() < 2:
         raise ValueError(f"x must have at least 2 dims (..., n, n), got shape {tuple(x.shape)}")
@@ -58,8 +63,7 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     checks = validate.DataChecks()
     checks.finite("x", x, allow_neg_inf=True)
-    checks.verify()
-    return SinkhornCall(x, iters, domain, eps, use_triton)
+    return SinkhornCall(x, iters, domain, eps, use_triton, checks.flag())
 
 
 def require_call(call: object, domain: str | None = None) -> SinkhornCall:

@@ -109,10 +109,12 @@ def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float =
     ``p = softmax(x, -1) + eps``, ``p /= p.sum(-2) + eps``, then ``iters - 1`` times ``p /= p.sum(-1) + eps`` and
     ``p /= p.sum(-2) + eps``. Math in float32 (float64 for float64 inputs); the gradient is the exact gradient
     of this finite loop. An all -inf row is uniform after its first row step (log) or softmaxes to 1/n (prob);
-    with ``eps = 0`` a zero row or column sum divides by 1. NaN or +inf in ``x`` raises ``ValueError`` (one host
-    sync). ``use_triton=False`` forces the PyTorch backend.
+    with ``eps = 0`` a zero row or column sum divides by 1. NaN or +inf in ``x``: ``ValueError`` in host mode
+    (CPU tensors, or inside ``validate.value_checks("sync")``; one host read), NaN outputs and gradients in
+    device mode (CUDA, compile, capture; no host read). ``use_triton=False`` forces the PyTorch backend.
     """
-    return TREE.dispatch(make_call(x, iters, domain, eps, use_triton))
+    call = make_call(x, iters, domain, eps, use_triton)
+    return validate.poison(call.ok, TREE.dispatch(call))
 
 
 class SinkhornKnopp(nn.Module):

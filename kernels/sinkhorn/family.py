@@ -61,8 +61,8 @@ class Shape:
     scale: float = 1.0
 
 
-# small: 12 matrices of n = 5 (padded to 8; the interpreter packs 8 per program, so two programs, a partial block
-# and masked lanes run); tiny: 2 matrices of n = 3. The large route needs n > triton_ops.MAX_N.
+# small: 12 matrices of n = 5 (padded to 8; the interpreter packs them into one program of 16, so a partial
+# block and masked lanes run); tiny: 2 matrices of n = 3. The large route needs n > triton_ops.MAX_N.
 SIZES = {"small": Shape((3, 4), 5, 3), "tiny": Shape((2,), 3, 2)}
 LARGE = triton_ops.MAX_N + 1
 

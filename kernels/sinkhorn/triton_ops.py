@@ -38,14 +38,14 @@ class Plan:
 def plan(B: int, n: int, device: torch.device) -> Plan:
     """Pack as many matrices per program as fit ``TILE`` while keeping ``PROGRAMS_PER_SM`` programs per SM when
     the batch allows (so B = 32 and B = 1M both spread over the GPU). Under the interpreter (CPU), where programs
-    run one after another, pack into at most two programs (two, so a partial last block still runs)."""
+    run one after another and each operation costs the same at any tile size, pack as much as fits ``TILE``."""
     NB = triton.next_power_of_2(n)
     cap = max(1, TILE // (NB * NB))
     if device.type == "cuda":
         want = max(1, B // (PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count))
         BM = min(cap, 1 << (want.bit_length() - 1))
     else:
-        BM = min(cap, triton.next_power_of_2(triton.cdiv(max(B, 1), 2)))
+        BM = min(cap, triton.next_power_of_2(max(B, 1)))
     tile = BM * NB * NB
     return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // 256)))
 

@@ -70,8 +70,8 @@ def _norm(W, F, valid, AXIS: tl.constexpr):
 def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
     """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
     ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
-    (0 where flagged), the gradient mask ``x >= -1e5``, and whether this block must run the log-domain loop (a
-    flag, or some row of ``L`` spanning more than ``RMAX``)."""
+    (0 where flagged), the gradient mask ``not x < -1e5`` (NaN passes, for poisoned calls), and whether this
+    block must run the log-domain loop (a flag, or some row of ``L`` spanning more than ``RMAX``)."""
     x = _load(x_ptr, offs, valid, F64)
     clamped = valid & (x < CLAMP)
     m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
@@ -83,7 +83,7 @@ def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
     span = tl.max(tl.max(tl.max(tl.where(unflagged, -L, 0.0), axis=2), axis=1), axis=0)
     flags = tl.max(tl.max(tl.max(F, axis=2), axis=1), axis=0)
     K = tl.where(unflagged, tl.exp(L), 0.0)
-    return L, F, K, valid & (x >= CLAMP), (span > RMAX) | (flags > 0)
+    return L, F, K, valid & ((x < CLAMP) == 0), (span > RMAX) | (flags > 0)
 
 
 @triton.jit
