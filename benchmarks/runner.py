@@ -290,11 +290,11 @@ class Runner:
             from kernel_sentinel.registry import families
 
             family = next((f for f in families() if f.name == self.adapter.name), None)
+            if family is None:
+                return {"sources": {}, "sources_note": f"no family {self.adapter.name!r} in the sentinel registry"}
+            return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}}
         except Exception as exc:  # noqa: BLE001 - a broken registry must not cost the benchmark; recorded
             return {"sources": {}, "sources_note": f"the sentinel registry failed: {type(exc).__name__}: {exc}"}
-        if family is None:
-            return {"sources": {}, "sources_note": f"no family {self.adapter.name!r} in the sentinel registry"}
-        return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}}
 
     def make_header(self, configs: list[dict]) -> dict:
         floors = self.floors
