@@ -53,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--family", required=True, choices=FAMILIES)
     run.add_argument("--backends", "--impls", dest="impls", help="implementations (default: the adapter's)")
     run.add_argument("--output-dir", "--out", dest="out", type=Path, help="default benchmarks/results/<family>")
-    axis_names = sorted({a.name for f in FAMILIES for a in adapters.load(f).axes})
-    for name in axis_names:
-        flags = [f"--{name}"] + ([f"--{name}s"] if len(name) > 1 else [])
-        run.add_argument(*flags, dest=f"axis_{name}", metavar="V1,V2", help="grid axis values (comma-separated)")
+    axes: dict[str, list[str]] = {}
+    for family in FAMILIES:
+        for axis in adapters.load(family).axes:
+            default = ",".join(map(str, axis.default))
+            axes.setdefault(axis.name, []).append(f"{family}: {axis.help} (product default {default})")
+    for name, helps in sorted(axes.items()):
+        flags = [f"--{name}"] + ([f"--{name}s"] if len(name) > 1 and not name.endswith("s") else [])
+        run.add_argument(*flags, dest=f"axis_{name}", metavar="V1,V2", help="; ".join(helps))
     add_run_arguments(run)
 
     analyze = sub.add_parser("analyze", help="plots and tables from a benchmark_full.csv")
