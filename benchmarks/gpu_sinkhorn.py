@@ -46,7 +46,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 OUT_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1.6e-2, "float16": 2e-3}  # max abs (outputs <= 1)
 GRAD_TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 2e-2, "float16": 4e-3}  # norm-wise relative
 EPS = 1e-3
-CHECK_SHAPES = [(B, n, it) for n in (1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 64) for B, it in ((1, 20), (37, 1), (1000, 20))]
+CHECK_SHAPES = [(B, n, it) for n in (1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 64)
+                for B, it in ((1, 20), (37, 1), (1000, 20))]
 CHECK_SHAPES += [(1048576, 4, 20), (262144, 8, 20), (65536, 16, 20)]
 ORACLE_MAX_ELEMENTS = 2**24
 

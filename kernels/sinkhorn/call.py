@@ -36,11 +36,6 @@ class SinkhornCall:
     def n(self) -> int:
         return self.x.shape[-1]
 
-    @property
-    def batch(self) -> int:
-        """Number of matrices (product of the leading dims)."""
-        return self.x.numel() // max(1, self.n * self.n) if self.n else 0
-
 
 def make_call(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
               use_triton: object = True) -> SinkhornCall:
@@ -66,12 +61,10 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
     return SinkhornCall(x, iters, domain, eps, use_triton, checks.flag())
 
 
-def require_call(call: object, domain: str | None = None) -> SinkhornCall:
-    """``call`` itself, after checking it is a :class:`SinkhornCall` (of ``domain`` when given): the guard every
-    backend function runs first."""
-    if not isinstance(call, SinkhornCall):
+def require_call(call: object) -> SinkhornCall:
+    """``call`` itself, after checking it is a :class:`SinkhornCall`: the guard every backend function runs
+    first."""
+    if not isinstance(call, SinkhornCall):  # verify: unreached (only a direct backend call with another object)
         raise TypeError(f"call must be a SinkhornCall (built by provable_kernels.sinkhorn.call.make_call), "
                         f"got {type(call).__name__}")
-    if domain is not None and call.domain != domain:
-        raise ValueError(f"call.domain must be {domain!r} here, got {call.domain!r}")
     return call

@@ -128,8 +128,6 @@ class SinkhornKnopp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return sinkhorn(x, self.iters, self.domain, self.eps)
 
-    def extra_repr(self) -> str:
-        return f"iters={self.iters}, domain={self.domain!r}, eps={self.eps}"
 
 
 class FusedMHC(nn.Module):
@@ -146,5 +144,3 @@ class FusedMHC(nn.Module):
         with torch.autocast(device_type=device_type, enabled=False):
             return sinkhorn(x, self.mhc_iters, "log")
 
-    def extra_repr(self) -> str:
-        return f"mhc_iters={self.mhc_iters}"

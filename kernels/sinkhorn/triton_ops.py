@@ -41,7 +41,7 @@ def plan(B: int, n: int, device: torch.device) -> Plan:
     run one after another and each operation costs the same at any tile size, pack as much as fits ``TILE``."""
     NB = triton.next_power_of_2(n)
     cap = max(1, TILE // (NB * NB))
-    if device.type == "cuda":
+    if device.type == "cuda":  # verify: unreached (CUDA only; coverage is measured under the interpreter)
         want = max(1, B // (PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count))
         BM = min(cap, 1 << (want.bit_length() - 1))
     else:
@@ -51,9 +51,9 @@ def plan(B: int, n: int, device: torch.device) -> Plan:
 
 
 def _checked(x: torch.Tensor) -> tuple[int, int]:
-    if x.dim() != 3 or x.shape[1] != x.shape[2] or not x.is_contiguous():
+    if x.dim() != 3 or x.shape[1] != x.shape[2] or not x.is_contiguous():  # verify: unreached (internal guard)
         raise ValueError(f"x must be a contiguous (B, n, n) tensor, got shape {tuple(x.shape)}")
-    if x.shape[1] > MAX_N:
+    if x.shape[1] > MAX_N:  # verify: unreached (the size condition routes n > MAX_N to PyTorch)
         raise ValueError(f"x must have n <= {MAX_N} on the Triton route, got n = {x.shape[1]}")
     return x.shape[0], x.shape[1]
 
@@ -82,7 +82,7 @@ def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: 
     """Gradient with respect to ``x`` of ``sum(grad * forward(x))``, replaying the forward on chip; ``grad`` is
     (B, n, n) contiguous; returns a fresh (B, n, n) in ``x``'s dtype."""
     B, _ = _checked(x)
-    if grad.shape != x.shape or not grad.is_contiguous():
+    if grad.shape != x.shape or not grad.is_contiguous():  # verify: unreached (internal guard)
         raise ValueError(f"grad must be contiguous with shape {tuple(x.shape)}, got {tuple(grad.shape)}")
     gx = alloc.empty_like(x)
     if B:
