@@ -68,7 +68,7 @@ def compare(x64: torch.Tensor, dtype_name: str, iters: int, domain: str, train: 
     leaf = x.detach().double().requires_grad_(train)
     with torch.enable_grad():
         ref = sinkhorn_oracle(leaf, iters, domain, EPS)
-    row["out_err"] = float((out.double() - ref.detach()).abs().max()) if out.numel() else 0.0
+    row["out_err"] = float((out.detach().double() - ref.detach()).abs().max()) if out.numel() else 0.0
     ok = row["out_err"] <= OUT_TOL[dtype_name] and bool(torch.isfinite(out).all())
     if train:
         w = torch.randn(out.shape, generator=torch.Generator(device=x.device).manual_seed(1), device=x.device,
