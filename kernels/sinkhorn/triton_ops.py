@@ -7,6 +7,7 @@ route of the dispatch tree.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -63,10 +64,15 @@ def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, pr
     p = plan(B, n, x.device)
     f64 = x.dtype == torch.float64
     common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
+    backward = log_kernel is kernels.log_backward_kernel
+    if backward:  # the scalings of every STRIDE-th step are kept, STRIDE = ceil(sqrt(iters))
+        stride = math.isqrt(iters - 1) + 1
+        common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
+    steps = (iters, stride) if backward else (iters,)
     if domain == "log":
-        log_kernel[(p.grid,)](*tensors, B, iters, RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+        log_kernel[(p.grid,)](*tensors, B, *steps, RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
     else:
-        prob_kernel[(p.grid,)](*tensors, B, iters, eps, **common)
+        prob_kernel[(p.grid,)](*tensors, B, *steps, eps, **common)
 
 
 def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n rounded up to a power of two; padded
 rows, columns and matrices are masked). Nothing per iteration goes to global memory: the forward reads ``x`` once
-and writes the output once; the backward reads ``x`` and the upstream gradient, replays the forward on chip for
-every step it needs (O(iters^2) replayed steps, O(n^2) state per matrix) and writes the input gradient once.
+and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
+scaling vectors of every ceil(sqrt(iters))-th step in registers (O(n sqrt(iters)) per matrix), replays each step
+from the nearest kept one (about 2.5 iters steps in all), and writes the input gradient once. Blocks that run the
+log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
 log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (divisions only) with output ``r_i K_ij c_j``:
@@ -87,6 +89,18 @@ def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
 
 
 @triton.jit
+def _scale_rows(K, c, rows):
+    """``r = 1 / (K c)`` on valid rows (0 elsewhere)."""
+    return tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
+
+
+@triton.jit
+def _scale_cols(K, r, cols):
+    """``c = 1 / (K^T r)`` on valid columns (0 elsewhere)."""
+    return tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
+
+
+@triton.jit
 def _log_replay(L, F, K, k, use_log, valid, rows, cols):
     """The normalised matrices of step ``k`` (1-based): ``S`` after its row step, ``Q`` after its column step."""
     if use_log:
@@ -102,11 +116,11 @@ def _log_replay(L, F, K, k, use_log, valid, rows, cols):
     else:
         c = tl.where(cols, 1.0, 0.0).to(K.dtype)
         for _ in range(k - 1):
-            r = tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
-            c = tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
-        r = tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
+            r = _scale_rows(K, c, rows)
+            c = _scale_cols(K, r, cols)
+        r = _scale_rows(K, c, rows)
         S = K * r * c
-        c = tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
+        c = _scale_cols(K, r, cols)
         Q = K * r * c
     return S, Q
 
@@ -122,19 +136,42 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
 
 
 @triton.jit
-def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
-                        F64: tl.constexpr, RMAX: tl.constexpr):
+def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constexpr, NB: tl.constexpr,
+                        BM: tl.constexpr, F64: tl.constexpr, RMAX: tl.constexpr, CP: tl.constexpr):
+    """Reverse sweep over the steps k = ITERS..1. Scaling form: a first forward pass keeps the column scalings
+    ``c`` of every STRIDE-th step (CP slots, O(n * iters / STRIDE) per matrix, in registers); step k is replayed
+    from the nearest kept one (< STRIDE steps). Log loop (wide blocks): step k is replayed from ``x``."""
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
     L, F, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
-    S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
-    Wb = _load(grad_ptr, offs, valid, F64) * Q
-    Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
-    Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
-    for t in range(1, ITERS):
-        S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
-        Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
-        Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+    Wb = _load(grad_ptr, offs, valid, F64)
+    if use_log:
+        for t in range(0, ITERS):
+            S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
+            Wb = Wb * tl.where(t == 0, Q, 1.0)
+            Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
+            Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+    else:
+        slots = tl.arange(0, CP)[None, :, None]
+        c = tl.where(cols, 1.0, 0.0).to(K.dtype)
+        kept = c + 0.0 * slots
+        for t in range(0, ITERS):
+            if t % STRIDE == 0:
+                kept = tl.where(slots == t // STRIDE, c, kept)
+            c = _scale_cols(K, _scale_rows(K, c, rows), cols)
+        for t in range(0, ITERS):
+            k = ITERS - t
+            j = (k - 1) // STRIDE
+            c = tl.sum(tl.where(slots == j, kept, 0.0), axis=1)[:, None, :]
+            for _ in range(j * STRIDE, k - 1):
+                c = _scale_cols(K, _scale_rows(K, c, rows), cols)
+            r = _scale_rows(K, c, rows)
+            S = K * r * c
+            c = _scale_cols(K, r, cols)
+            Q = K * r * c
+            Wb = Wb * tl.where(t == 0, Q, 1.0)
+            Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
+            Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
     tl.store(gx_ptr + offs, tl.where(keep, Wb, 0.0).to(gx_ptr.dtype.element_ty), mask=valid)
 
 
@@ -179,17 +216,46 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.c
 
 
 @triton.jit
-def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr,
-                         BM: tl.constexpr, F64: tl.constexpr):
+def _prob_step(p0, r, c, idx, eps):
+    """Step ``idx`` (1-based) of the probability loop on the scalings of ``p0``: the row division (skipped at step
+    1, where the softmax already normalised the rows: denominators 1), then the column division; returns the new
+    scalings and both denominators."""
+    dr = tl.where(idx > 1, _safe(r * tl.sum(p0 * c, axis=2)[:, :, None] + eps), 1.0)
+    r = r / dr
+    dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
+    return r, c / dc, dr, dc
+
+
+@triton.jit
+def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps, N: tl.constexpr, NB: tl.constexpr,
+                         BM: tl.constexpr, F64: tl.constexpr, CP: tl.constexpr):
+    """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
+    STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
     s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    slots_r = tl.arange(0, CP)[None, None, :]
+    slots_c = tl.arange(0, CP)[None, :, None]
+    r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
+    c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
+    kept_r = r + 0.0 * slots_r
+    kept_c = c + 0.0 * slots_c
+    for t in range(0, ITERS):
+        if t % STRIDE == 0:
+            kept_r = tl.where(slots_r == t // STRIDE, r, kept_r)
+            kept_c = tl.where(slots_c == t // STRIDE, c, kept_c)
+        r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
     Pb = _load(grad_ptr, offs, valid, F64)
-    for t in range(0, ITERS - 1):
-        Prow, dr, Pcol, dc = _prob_replay(p0, ITERS - t, eps, rows, cols)
-        Pb = tl.where(valid, (Pb - tl.sum(Pb * Pcol, axis=1)[:, None, :]) / dc, 0.0)
-        Pb = (Pb - tl.sum(Pb * Prow, axis=2)[:, :, None]) / dr
-    Prow, dr, Pcol, dc = _prob_replay(p0, 1, eps, rows, cols)
-    Pb = tl.where(valid, (Pb - tl.sum(Pb * Pcol, axis=1)[:, None, :]) / dc, 0.0)
+    for t in range(0, ITERS):
+        k = ITERS - t
+        j = (k - 1) // STRIDE
+        r = tl.sum(tl.where(slots_r == j, kept_r, 0.0), axis=2)[:, :, None]
+        c = tl.sum(tl.where(slots_c == j, kept_c, 0.0), axis=1)[:, None, :]
+        for i in range(j * STRIDE, k - 1):
+            r, c, dr, dc = _prob_step(p0, r, c, i + 1, eps)
+        cprev = c
+        r, c, dr, dc = _prob_step(p0, r, c, k, eps)
+        Pb = tl.where(valid, (Pb - tl.sum(Pb * (r * p0 * c), axis=1)[:, None, :]) / dc, 0.0)
+        Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) / dr
     gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
     tl.store(gx_ptr + offs, tl.where(flat, 0.0, gx).to(gx_ptr.dtype.element_ty), mask=valid)
