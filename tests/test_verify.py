@@ -269,3 +269,26 @@ def test_planted_bug_in_torch_ops_fails_the_right_routes_and_checks(bug, monkeyp
         failed = {c.name for c in result.checks if not c.passed}
         assert failed == (FORWARD if route_id in broken else set()), (
             route_id, [c.detail for c in result.checks if not c.passed])
+
+
+def test_rows_per_route_and_dtype(toy_family):
+    """Every route at every dtype of its family (dtype-major), ``--dtype`` narrowing it; each row reports its dtype
+    and checks at that dtype's tolerance."""
+    from kernel_sentinel.verify import select_rows
+
+    family = toy_family(dtypes=(torch.float32, torch.float64))
+    rows = [(r, str(d)) for _, r, d in select_rows([family], [])]
+    assert rows == [("toy.fast", "torch.float32"), ("toy.slow", "torch.float32"), ("toy.fast", "torch.float64"),
+                    ("toy.slow", "torch.float64")]
+    assert [(r, d) for _, r, d in select_rows([family], ["toy.slow"], [torch.float64])] == [("toy.slow", torch.float64)]
+    result = verify_route(family, "toy.slow", CPU, dtype=torch.float64)
+    assert result.dtype == "float64" and result.passed and result.check("reference").atol == 1e-12
+    with pytest.raises(ValueError, match="no tolerance"):
+        toy_family(dtypes=(torch.float16,))
+
+
+def test_dtype_no_family_declares_is_a_usage_error(capsys):
+    from kernel_sentinel.cli import main
+
+    assert main(["verify", "--family", "semicrf", "--dtype", "bfloat16", "--device", "cpu"]) == 2
+    assert "--dtype bfloat16: no selected family declares it" in capsys.readouterr().err

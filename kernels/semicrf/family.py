@@ -1,9 +1,7 @@
-"""Registration of the semi-CRF family with sentinel (imported only by :mod:`kernel_sentinel.registry`): cases per
-route, the references of :mod:`provable_kernels.semicrf.oracle`, tolerances, properties, guards, bad inputs.
-
-Outputs by name: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>`` of each tensor
-present (weights ``Case.upstream["value"]`` (B,)); Viterbi routes give ``score`` (B,), ``labels`` (B, T) (-1 past
-each length) and ``starts`` (B, T).
+"""Registration of the semi-CRF family with sentinel (imported only by :mod:`kernel_sentinel.registry`). Outputs:
+partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>`` of each tensor present (weights
+``Case.upstream["value"]`` (B,)); Viterbi routes give ``score`` (B,), ``labels`` (B, T) (-1 past each length) and
+``starts`` (B, T). References: :mod:`provable_kernels.semicrf.oracle`.
 """
 from __future__ import annotations
 
@@ -75,36 +73,27 @@ def inputs(shape: CaseShape, dtype: torch.dtype, device: torch.device, grad: boo
                 lengths=torch.tensor(shape.lengths, dtype=torch.int64, device=device), K=K)
 
 
-def make_case_for(route_id: str, shape: CaseShape, dtype: torch.dtype, device: torch.device,
+def make_case_for(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype = torch.float64,
                   weights: Optional[torch.Tensor] = None) -> Case:
     """A case of ``shape`` that the tree routes to ``route_id``: entry point, ``use_triton``, semiring and
     ``requires_grad`` follow the route's path; partition cases weigh sequence b's value by ``weights[b]``
     (default: random)."""
     path = TREE.path_to(route_id)
-    op = path["op"]
     kwargs = inputs(shape, dtype, device, grad=path.get("grad") == "train")
-    kwargs["use_triton"] = path["backend"] == "triton"
-    upstream = {}
-    if op == "partition":
-        kwargs["semiring"] = path["semiring"]
-        if weights is None:
-            weights = torch.randn(shape.B, generator=torch.Generator().manual_seed(shape.seed + 1), dtype=torch.float64)
-        upstream = {"value": weights.to(device, dtype)}
-    return Case(route_id, ENTRY_POINTS[op].__name__, kwargs, f"{shape} {str(dtype).replace('torch.', '')} on {device}",
-                upstream, {"shape": shape})
+    kwargs.update(use_triton=path["backend"] == "triton", **{n: path[n] for n in ("semiring",) if n in path})
+    if weights is None:
+        weights = torch.randn(shape.B, generator=torch.Generator().manual_seed(shape.seed + 1), dtype=torch.float64)
+    upstream = {"value": weights.to(device, dtype)} if path["op"] == "partition" else {}
+    return Case(route_id, ENTRY_POINTS[path["op"]].__name__, kwargs,
+                f"{shape} {str(dtype).replace('torch.', '')} on {device}", upstream, {"shape": shape})
 
 
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
-    return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed), dtype, device)
+    return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed), device, dtype)
 
 
 def viterbi_outputs(scores: torch.Tensor, labels: torch.Tensor, starts: torch.Tensor) -> Outputs:
     return {"score": scores.detach(), "labels": labels, "starts": starts.long()}
-
-
-def _value(outputs: Outputs) -> torch.Tensor:
-    """The partition value, or the Viterbi score."""
-    return outputs["value"] if "value" in outputs else outputs["score"]
 
 
 def run(case: Case) -> Outputs:
@@ -116,19 +105,16 @@ def run(case: Case) -> Outputs:
 
 
 def forward_only(case: Case) -> Outputs:
-    """The partition value of the route, without running backward."""
-    return {"value": ENTRIES[case.entry](**case.kwargs)}
+    """The route's outputs without running backward (the partition value, or the Viterbi outputs)."""
+    return run(case) if case.entry == VITERBI else {"value": ENTRIES[case.entry](**case.kwargs)}
 
 
 # ---------------------------------------------------------------------------------------------- references
 
 
-def _arguments(kw: dict[str, Any]) -> tuple:
-    return kw["cum_scores"], kw["transition"], kw["duration_bias"], kw["lengths"], kw["K"]
-
-
-def _projections(kw: dict[str, Any]) -> tuple:
-    return kw["proj_start"], kw["proj_end"]
+def _model(kw: dict[str, Any]) -> dict[str, Any]:
+    """The model's keyword arguments (the five tensors, lengths, K), as the oracle functions take them."""
+    return {n: kw[n] for n in TENSORS + ("lengths", "K")}
 
 
 def reference(case: Case) -> Outputs:
@@ -136,19 +122,18 @@ def reference(case: Case) -> Outputs:
     float64 copies of the inputs, gradients by torch autograd; Viterbi routes: ``oracle.viterbi_by_gradient``."""
     kw = cases.float64_leaves(case.kwargs)
     if case.entry == VITERBI:
-        return viterbi_outputs(*oracle.viterbi_by_gradient(*_arguments(kw), *_projections(kw)))
+        return viterbi_outputs(*oracle.viterbi_by_gradient(**_model(kw)))
     with torch.enable_grad():
-        value = oracle.naive_partition(*_arguments(kw), kw["semiring"], *_projections(kw))
+        value = oracle.naive_partition(**_model(kw), semiring=kw["semiring"])
     return cases.outputs_and_gradients({"value": value}, case, kw)
 
 
 def exact_backend(case: Case) -> Outputs:
     """``SemiMarkov(Log or Max).logpartition`` on ``edges_from_streaming`` of float64 copies; gradients by
     autograd through both; the Viterbi path from the Max marginals (a tie fails loudly)."""
-    kw = cases.float64_leaves(case.kwargs)
-    lengths, K = kw["lengths"], kw["K"]
+    kw, lengths = cases.float64_leaves(case.kwargs), case.kwargs["lengths"]
     with torch.enable_grad():
-        edge = edges_from_streaming(kw["cum_scores"], kw["transition"], kw["duration_bias"], K, *_projections(kw))
+        edge = edges_from_streaming(**{n: x for n, x in _model(kw).items() if n != "lengths"})
         if case.entry == VITERBI:
             best = SemiMarkov(semirings.Max())
             segments = oracle.segments_from_edge_indicator(best.marginals(edge, lengths))
@@ -161,15 +146,14 @@ def brute_force(case: Case) -> Outputs:
     """Enumerate every segmentation (``oracle.all_scores``), score each from the convention, and take logsumexp /
     max; gradients as expectations of each segmentation's feature counts (``oracle.feature_gradients``)."""
     kw = cases.float64_cpu(case.kwargs)
-    scored = oracle.all_scores(*_arguments(kw), *_projections(kw))
+    scored = oracle.all_scores(**_model(kw))
     if case.entry == VITERBI:
         return viterbi_outputs(*oracle.brute_force_viterbi(scored, kw["cum_scores"].shape[1] - 1))
-    out = {"value": oracle.brute_force_value(scored, kw["semiring"])}
+    value = {"value": oracle.brute_force_value(scored, kw["semiring"])}
     if not case.kwargs["cum_scores"].requires_grad:
-        return out
-    weights = case.upstream["value"].double().tolist()
-    grads = oracle.feature_gradients(scored, {n: kw[n] for n in TENSORS if kw[n] is not None}, weights, kw["semiring"])
-    return {**out, **grads}
+        return value
+    present = {n: kw[n] for n in TENSORS if kw[n] is not None}
+    return value | oracle.feature_gradients(scored, present, case.upstream["value"].tolist(), kw["semiring"])
 
 
 # ---------------------------------------------------------------------------------------------- properties
@@ -186,23 +170,13 @@ def shapes(draw: Any, K: Optional[int] = None, projections: Optional[bool] = Non
     return CaseShape(B, T, K, C, lengths, draw(st.booleans()), proj[0], proj[1], draw(st.integers(0, 2**16)))
 
 
-def _example_case(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype = torch.float64,
-                  weights: Optional[torch.Tensor] = None) -> Case:
-    return make_case_for(route_id, shape, dtype, device, weights)
-
-
-def _forward(case: Case) -> Outputs:
-    """The route's outputs without backward (partition routes) or the Viterbi outputs."""
-    return run(case) if case.entry == VITERBI else forward_only(case)
-
-
 def _viterbi_score(case: Case) -> Outputs:
     return {"value": semi_crf_viterbi(**cases.detached(case.kwargs, drop=("semiring",))).scores}
 
 
 def _linear_chain(case: Case) -> Outputs:
     kw = cases.float64_cpu(case.kwargs)
-    value = oracle.linear_chain(*_arguments(kw)[:4], kw.get("semiring", "max"), *_projections(kw))
+    value = oracle.linear_chain(**_model(kw), semiring=kw.get("semiring", "max"))
     return {"score" if case.entry == VITERBI else "value": value}
 
 
@@ -234,18 +208,17 @@ def viterbi_path(case: Case, out: Outputs, tol: Tolerance) -> None:
     """The decoded segments tile [0, L) with durations 1..K, their score computed by the brute-force oracle's
     scorer equals the Viterbi score, and that equals the exact backend's best score."""
     kw = cases.float64_cpu(case.kwargs)
-    scores = oracle.path_scores(out["labels"].cpu(), out["starts"].cpu(), kw["lengths"], kw["K"], kw["cum_scores"],
-                                kw["transition"], kw["duration_bias"], *_projections(kw))
+    scores = oracle.path_scores(out["labels"].cpu(), out["starts"].cpu(), **_model(kw))
     expect_close("Viterbi score vs score of its segments", out["score"], scores, tol)
     expect_close("Viterbi score vs exact backend", out["score"], exact_backend(case)["score"], tol)
 
 
 def _property(name: str, routes: tuple[str, ...], holds: Any, runner: Any = run, example: Any = shapes) -> Property:
-    return cases.route_property(name, routes, example, _example_case, runner, holds, TOLERANCES)
+    return cases.route_property(name, routes, example, make_case_for, runner, holds, TOLERANCES)
 
 
 def _agreement(name: str, routes: tuple[str, ...], want: Any, example: Any = shapes) -> Property:
-    return cases.agreement_property(name, routes, example, _example_case, _forward, want, TOLERANCES)
+    return cases.agreement_property(name, routes, example, make_case_for, forward_only, want, TOLERANCES)
 
 
 PROPERTIES = (
@@ -256,10 +229,10 @@ PROPERTIES = (
                lambda case: {"value": exact_backend(case)["value"]}),
     _property("gradient wrt cum_scores sums to 0 over t per label", ("semicrf.*.train",), cum_gradient_sums_to_zero),
     cases.route_property("start/end marginals in [0, 1], each position covered once", ("semicrf.*.log.train",),
-                         lambda: shapes(projections=True), lambda r, shape, device, dtype: _example_case(
+                         lambda: shapes(projections=True), lambda r, shape, device, dtype: make_case_for(
                              r, shape, device, dtype, torch.ones(shape.B, dtype=torch.float64)), run, marginals,
                          TOLERANCES),
-    cases.finite_difference_property(("semicrf.*.train",), shapes, _example_case, run, forward_only),
+    cases.finite_difference_property(("semicrf.*.train",), shapes, make_case_for, run, forward_only),
     _property("Viterbi path is a valid segmentation scoring the Viterbi score", ("semicrf.*.viterbi",), viterbi_path),
 )
 
@@ -269,14 +242,13 @@ PROPERTIES = (
 
 def _rebuilt(case: Case, **changes: Any) -> Case:
     """The route's case rebuilt from its shape with ``changes`` (e.g. T, K, lengths)."""
-    shape = dataclasses.replace(case.extra["shape"], **changes)
     x = case.kwargs["cum_scores"]
-    return make_case_for(case.route_id, shape, x.dtype, x.device)
+    return make_case_for(case.route_id, dataclasses.replace(case.extra["shape"], **changes), x.device, x.dtype)
 
 
 def expect_neg_inf_iff_longer_than_K(case: Case, outputs: Outputs) -> None:
     """With every transition -inf only one-segment paths remain: -inf exactly where L > K."""
-    value, lengths = _value(outputs).cpu(), case.kwargs["lengths"].cpu()
+    value, lengths = outputs.get("value", outputs.get("score")).cpu(), case.kwargs["lengths"].cpu()
     impossible = lengths > case.kwargs["K"]
     expect(bool((value[impossible] == -math.inf).all()) and bool(torch.isfinite(value[~impossible]).all()),
            f"values {value.tolist()} for lengths {lengths.tolist()}: want -inf exactly where L > K")
@@ -284,11 +256,6 @@ def expect_neg_inf_iff_longer_than_K(case: Case, outputs: Outputs) -> None:
 
 def _transformed(name: str, argument: str, fn: Any, what: str, **options: Any) -> Adversarial:
     return cases.transformed_input(name, ("semicrf.*",), argument, fn, what, **options)
-
-
-def _nan_at_1(x: torch.Tensor) -> torch.Tensor:
-    x[0, 1, 0] = math.nan
-    return x
 
 
 NO_PATH = dict(allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K)
@@ -305,7 +272,8 @@ ADVERSARIAL = (
     Adversarial("all lengths 1", ("semicrf.*",), lambda c: _rebuilt(c, lengths=(1,) * c.extra["shape"].B)),
     Adversarial("T = 1", ("semicrf.*",), lambda c: _rebuilt(c, T=1, lengths=(1,) * c.extra["shape"].B)),
     Adversarial("K > T", ("semicrf.*",), lambda c: _rebuilt(c, K=c.extra["shape"].T + 2)),
-    _transformed("NaN input", "cum_scores", _nan_at_1, "a NaN", errors_ok=True),
+    _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1]), math.nan), "NaN at t = 1",
+                 errors_ok=True),
 )
 
 
@@ -319,8 +287,7 @@ BAD_INPUTS = cases.standard_bad_inputs(("semicrf.*",), TENSORS + ("lengths",), o
     _bad("cum_scores", "T = 0", lambda kw, sh: kw["cum_scores"][:, :1]),
     _bad("transition", "shape (C+1, C)", lambda kw, sh: kw["transition"].new_zeros(sh.C + 1, sh.C)),
     _bad("transition", "twice as many rows", lambda kw, sh: torch.cat([kw["transition"]] * 2)),
-    _bad("transition", "other dtype than cum_scores", lambda kw, sh: kw["transition"].to(
-        torch.float64 if kw["transition"].dtype == torch.float32 else torch.float32)),
+    _bad("transition", "other dtype than cum_scores (float16)", lambda kw, sh: kw["transition"].half()),
     _bad("duration_bias", "shape (K+1, C)", lambda kw, sh: torch.cat([kw["duration_bias"]] * 2)),
     _bad("lengths", "0", lambda kw, sh: torch.zeros_like(kw["lengths"])),
     _bad("lengths", "T + 1", lambda kw, sh: torch.full_like(kw["lengths"], sh.T + 1)),
@@ -334,8 +301,7 @@ BAD_INPUTS = cases.standard_bad_inputs(("semicrf.*",), TENSORS + ("lengths",), o
 )
 
 
-REF, EXACT, HEAD = "tests/test_semicrf_reference.py", "tests/test_semicrf_exact.py", "tests/test_semicrf_head.py"
-TRITON = "tests/test_semicrf_triton.py"
+REF, EXACT, HEAD, TRITON = (f"tests/test_semicrf_{name}.py" for name in ("reference", "exact", "head", "triton"))
 INVARIANTS = (
     Invariant("Every route is reached by the dispatcher and passes route, reference, exact, property, guard and "
               "bad-input checks.", "tests/test_verify.py::test_every_semicrf_route_passes_quick"),

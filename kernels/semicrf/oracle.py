@@ -335,10 +335,12 @@ def segments_from_edge_indicator(indicator: torch.Tensor) -> list[list[tuple[int
     return segments
 
 
-def linear_chain(cum_scores, transition, duration_bias, lengths, semiring: str = "log", proj_start=None,
+def linear_chain(cum_scores, transition, duration_bias, lengths, K: int = 1, semiring: str = "log", proj_start=None,
                  proj_end=None) -> torch.Tensor:
     """A linear-chain CRF (forward algorithm over per-position emissions), written independently of the
-    semi-CRF recursions: what K = 1 must equal. (B,) float64 on the CPU."""
+    semi-CRF recursions: what the semi-CRF with K = 1 (the only K accepted) must equal. (B,) float64 on the CPU."""
+    if K != 1:
+        raise ValueError(f"K must be 1 for a linear-chain CRF, got {K}")
     reduce = REDUCE[semiring]
     cum, trans, dur, ps, pe = (x.detach().cpu() for x in _float64_inputs(cum_scores, transition, duration_bias,
                                                                            proj_start, proj_end))
@@ -396,7 +398,7 @@ def brute_force_value(scored, semiring: str) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64)
 
 
-def path_scores(labels, starts, lengths, K: int, cum_scores, transition, duration_bias, proj_start=None,
+def path_scores(labels, starts, cum_scores, transition, duration_bias, lengths, K: int, proj_start=None,
                 proj_end=None) -> torch.Tensor:
     """The score (B,) float64 of each sequence's decoded path (``labels`` / ``starts`` (B, T) as Viterbi returns
     them), checked to be a segmentation (:func:`path_segmentation`) and scored by :func:`score`."""
