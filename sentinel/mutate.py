@@ -28,7 +28,7 @@ where ``before``/``after`` are the mutated line(s) with whitespace collapsed (as
 excluded before sampling.
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
-everything; ``--record`` writes ``traces/verification/<family>-mutants.json`` for the site. Exit codes: 0; 1 when
+everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` for the site. Exit codes: 0; 1 when
 the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails; 2 on usage errors.
 """
 from __future__ import annotations
@@ -277,7 +277,10 @@ class Outcome:
 
 
 class Scratch:
-    """A scratch copy of the repository's ``kernels/`` and ``sentinel/`` with an import root over it."""
+    """A scratch copy of the repository's ``kernels/`` and ``sentinel/`` with an import root over it, and a fork
+    server (``python -m kernel_sentinel.mutate serve``) that runs each worker in a fresh fork of a process that
+    has imported torch, Triton and hypothesis once (never the kernel library or sentinel, which each fork imports
+    from the scratch copy as it is at that moment)."""
 
     def __init__(self, repo: Path):
         from kernel_sentinel.layout import IMPORT_NAMES, import_root
@@ -286,6 +289,7 @@ class Scratch:
         for folder in IMPORT_NAMES:
             shutil.copytree(repo / folder, self.dir / folder, ignore=shutil.ignore_patterns("__pycache__"))
         self.root = import_root(self.dir, self.dir / "_import")
+        self._server: Optional[subprocess.Popen] = None
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -296,20 +300,30 @@ class Scratch:
 
     def worker(self, family: str, routes: Sequence[str], seed: int, timeout: float,
                coverage_to: Optional[Path] = None) -> tuple[int, str, bool]:
-        """Run the worker on ``routes``; ``(exit code, last output line, timed out)``."""
-        command = [sys.executable, "-m", "kernel_sentinel.mutate", "worker", "--family", family, "--seed", str(seed),
-                   "--route", *routes]
+        """Run the worker on ``routes`` in a fork; ``(exit code, last output line, timed out)``."""
+        argv = ["--family", family, "--seed", str(seed), "--route", *routes]
         if coverage_to is not None:
-            command += ["--coverage", str(coverage_to)]
-        try:
-            done = subprocess.run(command, env=self.env(), cwd=self.dir, capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return -1, f"ran past {timeout:.0f} s", True
-        lines = (done.stdout.strip() or done.stderr.strip() or "(no output)").splitlines()
-        return done.returncode, lines[-1], False
+            argv += ["--coverage", str(coverage_to)]
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen([sys.executable, "-m", "kernel_sentinel.mutate", "serve"],
+                                            env=self.env(), cwd=self.dir, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._server.stdin.write(json.dumps({"argv": argv, "timeout": timeout}) + "\n")
+        self._server.stdin.flush()
+        line = self._server.stdout.readline()
+        if not line:
+            return -1, "the fork server exited", False
+        reply = json.loads(line)
+        return reply["code"], reply["last"], reply["timed_out"]
 
     def remove(self) -> None:
+        if self._server is not None:
+            self._server.stdin.close()
+            try:
+                self._server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -480,7 +494,7 @@ def print_summary(summary: dict[str, Any]) -> None:
                       f"equivalent excluded, {summary['sampled']} run (seed {summary['seed']})", highlight=False)
     for survivor in summary["survivors"]:
         note = " (no route runs this line)" if survivor["status"] == "unreached" else ""
-        console.out.print(f"survived{note}: {escape(survivor['diff'])}", highlight=False)
+        console.out.print(f"survived{note}: {escape(survivor['diff'])}", highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -502,7 +516,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
-                   help="write traces/verification/<family>-mutants.json (the kill rates the site shows)")
+                   help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
 
 
 def _selected_files(family: Any, globs: Optional[Sequence[str]], repo: Path) -> list[str]:
@@ -562,6 +576,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import records, registry
+    from kernel_sentinel.dashboard import MUTATION_DIR_NAME
     from kernel_sentinel.family import REPO_ROOT, matches
 
     if args.n is not None and args.n < 1:
@@ -597,7 +612,7 @@ def run(args: argparse.Namespace) -> int:
                               f"{args.min_kill:g}%", highlight=False)
             failed = True
         if args.record:
-            path = REPO_ROOT / records.RECORD_DIR / f"{family.name}-mutants.json"
+            path = REPO_ROOT / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(records.dumps({k: v for k, v in summary.items() if k != "mutants"}))
             console.err.print(f"recorded {path.relative_to(REPO_ROOT)}")
@@ -607,7 +622,55 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed or not summaries else 0
 
 
+def serve() -> int:
+    """The fork server: for each JSON request ``{"argv", "timeout"}`` on stdin, fork, run :func:`worker` with
+    ``argv`` in the child (its output to a file), kill it past ``timeout`` seconds, and answer
+    ``{"code", "last", "timed_out"}`` (``code``: the exit code, negative for a signal) on stdout."""
+    import signal
+    import traceback
+
+    import hypothesis  # noqa: F401  (warm imports shared by every fork)
+    import torch  # noqa: F401
+    import triton.language  # noqa: F401
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        handle, output = tempfile.mkstemp(prefix="sentinel-mutant-", suffix=".log")
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(handle, 1)
+            os.dup2(handle, 2)
+            try:
+                code = worker(request["argv"])
+            except BaseException:  # an import or setup error of the mutant: a failure like any other
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        os.close(handle)
+        deadline, timed_out = time.monotonic() + request["timeout"], False
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+                timed_out = True
+                break
+            time.sleep(0.05)
+        text = Path(output).read_text(errors="replace").strip().splitlines()
+        os.unlink(output)
+        last = f"ran past {request['timeout']:.0f} s" if timed_out else (text[-1] if text else "(no output)")
+        print(json.dumps({"code": os.waitstatus_to_exitcode(status), "last": last, "timed_out": timed_out}),
+              flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["worker"]:
-        sys.exit("usage: python -m kernel_sentinel.mutate worker --family F --route R [R ...] [--seed S]")
-    sys.exit(worker(sys.argv[2:]))
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(serve())
+    if sys.argv[1:2] == ["worker"]:
+        sys.exit(worker(sys.argv[2:]))
+    sys.exit("usage: python -m kernel_sentinel.mutate serve | worker --family F --route R [R ...] [--seed S]")

@@ -1,0 +1,221 @@
+"""The trace site as a dashboard: status of every route on every recorded device, read from the records.
+
+- :func:`route_status`: one cell of the matrix: a route on one device (every dtype of the record), ``pass``,
+  ``fail``, ``stale`` (the record was made on other sources than the current ones; its result is shown too) or
+  ``not run``; with the record's commit and that commit's date.
+- :func:`matrix`: the home page's table: families x routes x devices, plus the sanitizer result (GPU records,
+  Triton routes) and the family's mutation kill rate (``traces/verification/mutation/<family>.json``, written by
+  ``sentinel mutate --record``).
+- :func:`decorate`: a Mermaid decision tree with its leaves coloured by status and linked to the route's row.
+- :func:`failure_modes` and :func:`known_issues`: the failure-mode routing table and the known-issues table.
+
+Rendering only: what a record holds is defined in :mod:`kernel_sentinel.records`.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from kernel_sentinel.records import git, row_key
+
+MUTATION_DIR_NAME = "mutation"
+SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+SYMBOL = {"pass": "✅ pass", "fail": "❌ fail", "stale": "⏳ stale", "not run": "— not run"}
+COLOURS = {  # Mermaid classDef per status: fill, stroke, text
+    "pass": ("#c8e6c9", "#2e7d32", "#1b5e20"),
+    "fail": ("#ffcdd2", "#c62828", "#b71c1c"),
+    "stale": ("#fff3c4", "#b28704", "#6d4c00"),
+    "not run": ("#eeeeee", "#757575", "#424242"),
+}
+_LEAF = re.compile(r'^\s+(n\d+)\(\["([^"]+)"\]\)$')
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One route on one device: ``status`` (pass / fail / stale / not run), the recorded result behind a stale
+    status, the record's commit and its date."""
+
+    status: str
+    recorded: str = ""
+    commit: str = ""
+    date: str = ""
+
+    def text(self) -> str:
+        shown = SYMBOL[self.status] + (f" ({self.recorded})" if self.status == "stale" else "")
+        when = " ".join(x for x in (self.date, f"`{self.commit[:7]}`" if self.commit else "") if x)
+        return f"{shown}<br>{when}" if when else shown
+
+
+@functools.lru_cache(maxsize=None)
+def commit_date(sha: str) -> str:
+    """The commit date (YYYY-MM-DD) of ``sha``; empty when the repository does not have it."""
+    try:
+        return git("show", "-s", "--format=%cs", sha)
+    except (RuntimeError, OSError):
+        return ""
+
+
+def is_current(record: Mapping[str, Any], blobs: Mapping[str, str]) -> bool:
+    """True when ``record`` was made on exactly the sources whose blob ids are ``blobs``."""
+    return dict(record["sources"]) == dict(blobs)
+
+
+def route_status(record: Mapping[str, Any], route_id: str, blobs: Mapping[str, str]) -> Cell:
+    """The cell of ``route_id`` in ``record``: fail when any dtype row fails, pass when all pass."""
+    rows = [r for r in record["routes"] if row_key(r)[0] == route_id]
+    if not rows:
+        return Cell("not run")
+    result = "fail" if any(r["status"] != "pass" for r in rows) else "pass"
+    commit = record.get("commit", "")
+    status = result if is_current(record, blobs) else "stale"
+    return Cell(status, result, commit, commit_date(commit) if commit else "")
+
+
+def combined(cells: Sequence[Cell]) -> str:
+    """One status from a route's cells on every device: fail if any current record fails it, pass if some
+    current record passes it and none fails, stale if only stale records have it, else not run."""
+    statuses = {c.status for c in cells}
+    for status in ("fail", "pass", "stale"):
+        if status in statuses:
+            return status
+    return "not run"
+
+
+def device_label(record: Mapping[str, Any]) -> str:
+    device = record["device"]
+    return "CPU (interpreter)" if device["type"] == "cpu" else device["name"]
+
+
+def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool) -> str:
+    """The compute-sanitizer result of a Triton route from the GPU records: pass when every tool passed on every
+    dtype, else the failing tools; ``not run`` when no GPU record has them; ``n/a`` for other routes."""
+    if not triton:
+        return "n/a"
+    found: dict[str, str] = {}
+    for record in records:
+        if record["device"]["type"] != "cuda":
+            continue
+        for row in record["routes"]:
+            if row_key(row)[0] != route_id:
+                continue
+            for check in row["checks"]:
+                if check["name"] in SANITIZER_TOOLS:
+                    found[check["name"]] = "fail" if "fail" in (found.get(check["name"]), check["status"]) \
+                        else check["status"]
+    if not found:
+        return SYMBOL["not run"]
+    failing = [t for t in SANITIZER_TOOLS if found.get(t) == "fail"]
+    missing = [t for t in SANITIZER_TOOLS if t not in found]
+    if failing:
+        return f"{SYMBOL['fail']}: {', '.join(failing)}"
+    return SYMBOL["pass"] + (f" (not run: {', '.join(missing)})" if missing else "")
+
+
+def load_mutation(records_dir: Path, family: str) -> Optional[dict[str, Any]]:
+    """The mutation record of ``family`` (None when ``sentinel mutate --record`` has not written one)."""
+    path = records_dir / MUTATION_DIR_NAME / f"{family}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def kill_rate(mutation: Optional[Mapping[str, Any]]) -> str:
+    if mutation is None or mutation.get("kill_rate") is None:
+        return "not measured"
+    return (f"{mutation['kill_rate']:.1f}% ({mutation['killed']}/{mutation['sampled']})<br>{mutation['date']} "
+            f"`{mutation['commit'][:7]}`")
+
+
+def decorate(diagram: str, statuses: Mapping[str, str], links: Mapping[str, str]) -> str:
+    """``diagram`` (a Mermaid flowchart whose leaves are ``nX(["route id"])``) with every leaf of ``statuses``
+    in that status's class and, for the ids in ``links``, a click link to that URL."""
+    lines = diagram.splitlines()
+    extra = [f"    classDef {name.replace(' ', '_')} fill:{fill},stroke:{stroke},color:{text}"
+             for name, (fill, stroke, text) in COLOURS.items()]
+    for line in lines:
+        match = _LEAF.match(line)
+        if match and match.group(2) in statuses:
+            node, route_id = match.groups()
+            extra.append(f"    class {node} {statuses[route_id].replace(' ', '_')}")
+            if route_id in links:
+                extra.append(f'    click {node} href "{links[route_id]}" "{route_id}: {statuses[route_id]}"')
+    return "\n".join(lines + extra)
+
+
+def route_anchor(route_id: str) -> str:
+    """The HTML id of a route's row in the routes table of its pages."""
+    return "route-" + re.sub(r"[^a-z0-9]+", "-", route_id.lower()).strip("-")
+
+
+def anchor(route_id: str) -> str:
+    """An empty HTML anchor for a route's row (put in its first cell)."""
+    return f'<a id="{html.escape(route_anchor(route_id))}"></a>'
+
+
+@dataclass(frozen=True)
+class FamilyStatus:
+    """What the matrix needs of one family: its routes (id, link to the route's row, is it a Triton route), its
+    records (every device), the blob ids of its current sources and its mutation record."""
+
+    family: str
+    routes: Sequence[tuple[str, str, bool]]
+    records: Sequence[Mapping[str, Any]]
+    blobs: Mapping[str, str]
+    mutation: Optional[Mapping[str, Any]]
+
+    def cells(self, route_id: str) -> dict[str, Cell]:
+        return {device_label(r): route_status(r, route_id, self.blobs) for r in self.records}
+
+
+def devices(statuses: Sequence[FamilyStatus]) -> list[str]:
+    """Device labels of every record, the CPU first, then the GPUs by name."""
+    labels = {device_label(r): r["device"]["type"] for s in statuses for r in s.records}
+    return sorted(labels, key=lambda label: (labels[label] != "cpu", label))
+
+
+def matrix(statuses: Sequence[FamilyStatus], family_column: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the status matrix: one row per route; a column per device, the sanitizer result and the
+    family's kill rate."""
+    columns = devices(statuses)
+    header = (["family"] if family_column else []) + ["route"] + columns + ["sanitizer", "mutation kill rate"]
+    rows = []
+    for status in statuses:
+        rate = kill_rate(status.mutation)
+        for route_id, link, triton in status.routes:
+            cells = status.cells(route_id)
+            row = [f"[`{route_id}`]({link})"]
+            row += [cells[c].text() if c in cells else SYMBOL["not run"] for c in columns]
+            row += [sanitizer(status.records, route_id, triton), rate]
+            rows.append(([status.family] if family_column else []) + row)
+    return header, rows
+
+
+def slug(heading: str) -> str:
+    """The anchor the site gives a heading (Python-Markdown's toc default): backticks dropped, lower case,
+    characters other than word characters, spaces and hyphens removed, runs of spaces and hyphens as one ``-``."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors of a Markdown document: its headings' slugs and the ids of its ``<a id>`` tags."""
+    found = {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", markdown, re.M)}
+    return found | set(re.findall(r'<a id="([^"]+)"></a>', markdown))
+
+
+def broken_link(target: str, documents: Mapping[str, str], guide: Path) -> Optional[str]:
+    """Why ``target`` (``page.md`` or ``page.md#anchor``, relative to the trace directory) does not resolve
+    among the generated ``documents`` and the hand-written pages under ``guide`` (None when it does)."""
+    page, _, fragment = target.partition("#")
+    if page in documents:
+        text = documents[page]
+    elif page.startswith(f"{guide.name}/") and (guide.parent / page).is_file():
+        text = (guide.parent / page).read_text()
+    else:
+        return f"{page} is neither a generated trace nor a page under {guide.name}/"
+    if fragment and fragment not in anchors(text):
+        return f"{page} has no section #{fragment}"
+    return None
