@@ -30,9 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.adapters.segment import segment_lengths  # noqa: E402
-from benchmarks.common import Deadline, Timer, bar_chart, environment, measure_floors, write_csv, write_json  # noqa: E402
+from benchmarks.common import (Deadline, Timer, bar_chart, environment, measure_floors, write_csv,  # noqa: E402
+                               write_json)
 from provable_kernels.dispatch import recording  # noqa: E402
-from provable_kernels.segment import TREE, oracle, segment_max_backward, segment_min_backward, segment_reduce  # noqa: E402
+from provable_kernels.segment import (TREE, oracle, segment_max_backward, segment_min_backward,  # noqa: E402
+                                      segment_reduce)
 from provable_kernels.segment.triton_ops import plan  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -156,7 +158,10 @@ def large_guard(name: str, x: torch.Tensor, offsets: torch.Tensor, device) -> li
             if reduce == "mean":
                 ref = ref / counts.clamp(min=1)
             seg = torch.repeat_interleave(torch.arange(S, device=device), offsets.diff(), output_size=x.shape[0])
-            gref = (-1.0 / counts.clamp(min=1).double())[seg].expand_as(x64) if reduce == "mean" else -torch.ones_like(x64)
+            if reduce == "mean":
+                gref = (-1.0 / counts.clamp(min=1).double())[seg].expand_as(x64)
+            else:
+                gref = -torch.ones_like(x64)
         else:
             arg = first_arg_reference(x64, offsets, reduce)
             ref = x64.gather(0, arg.clamp(max=x.shape[0] - 1))

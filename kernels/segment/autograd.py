@@ -46,7 +46,7 @@ def _segment_backward_fake(grad, csr, ids, arg, reduce, rows):
 
 def _setup_context(ctx, inputs, output) -> None:
     x2, csr, ids, reduce, _, want_arg = inputs
-    if reduce in ("max", "min") and not want_arg:
+    if reduce in ("max", "min") and not want_arg:  # verify: unreached (internal guard: training routes ask for the arg)
         raise ValueError("want_arg must be True for a differentiable max / min (the backward reads arg)")
     ctx.save_for_backward(csr, ids, output[1])
     ctx.reduce, ctx.rows = reduce, x2.shape[0]

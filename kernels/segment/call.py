@@ -65,10 +65,10 @@ class SegmentCall:
 def require_call(call: object, op: Optional[str] = None) -> SegmentCall:
     """``call`` itself, after checking it is a :class:`SegmentCall` (of ``op`` when given): the guard every backend
     function runs first."""
-    if not isinstance(call, SegmentCall):
+    if not isinstance(call, SegmentCall):  # verify: unreached (internal guard: routes receive make_call's result)
         raise TypeError(f"call must be a SegmentCall (built by provable_kernels.segment.call.make_call), "
                         f"got {type(call).__name__}")
-    if op is not None and call.op != op:
+    if op is not None and call.op != op:  # verify: unreached (internal guard: the tree routes each op to its bodies)
         raise ValueError(f"call.op must be {op!r} here, got {call.op!r}")
     return call
 
@@ -118,7 +118,8 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
         ids = validate.tensor("ids", ids, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
         validate.shape("ids", ids, (N,), "(N,)")
         if num_segments is None:
-            if N and not validate.host_reads_allowed(ids, at_sync_point=True):
+            no_host = N and not validate.host_reads_allowed(ids, at_sync_point=True)
+            if no_host:  # verify: unreached (only under torch.compile, CUDA-graph capture, fake tensors)
                 raise ValueError("num_segments must be given with ids here (S cannot be read from the device "
                                  "under torch.compile, CUDA-graph capture or fake tensors)")
             S = int(ids[-1]) + 1 if N else 0  # the documented host sync of the ids form without num_segments
@@ -134,7 +135,8 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
         grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
         validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
     flag = checks.flag()
-    if flag is not None:  # device mode: nothing was read on the host; keep every index in bounds, poison results
+    # device mode: nothing was read on the host; keep every index in bounds, poison results
+    if flag is not None:  # verify: unreached (device mode, the CUDA default; tested in tests/test_segment.py)
         if ids is not None:
             ids = ids.clamp(0, max(S - 1, 0)).cummax(0).values
             csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))

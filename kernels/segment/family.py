@@ -249,8 +249,8 @@ def check_sum_is_mean_times_count(route_id: str, shape: CaseShape, device: torch
     counts = counts.reshape(-1, *([1] * (got.dim() - 1)))
     total, mean = (got, twin) if other == "mean" else (twin, got)
     tol = TOLERANCES[dtype]
-    expect_close("sum vs mean * count", torch.where(counts > 0, total, 0.0), torch.where(counts > 0, mean * counts, 0.0),
-                 Tolerance(tol.atol * 8, tol.rtol * 2))
+    expect_close("sum vs mean * count", torch.where(counts > 0, total, 0.0),
+                 torch.where(counts > 0, mean * counts, 0.0), Tolerance(tol.atol * 8, tol.rtol * 2))
 
 
 def check_ties(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:

@@ -3,8 +3,8 @@
 ``forward(x2, csr, ids, reduce, empty, want_arg) -> (out (S, D), arg)`` and
 ``backward(grad (S, D), csr, ids, arg, reduce, rows) -> grad_x (N, D)``, on a 2-D view ``x2`` (N, D) of ``x``
 (any strides). ``arg`` (S, D) int32 is the row of the first maximum (minimum) per (segment, column), written
-for max / min when ``want_arg`` (-1 for empty segments); it is a (0,) placeholder otherwise. Every allocation goes through
-:func:`provable_kernels.alloc.empty`.
+for max / min when ``want_arg`` (-1 for empty segments); it is a (0,) placeholder otherwise. Every allocation
+goes through :func:`provable_kernels.alloc.empty`.
 
 Plan (:func:`plan`, from the shapes only, so no host sync): row blocks of ``rows`` consecutive rows, about
 ``TARGET_BLOCKS`` of them (``MIN_ROWS`` .. ``MAX_TILES`` tiles), tiles of at most ``TILE`` elements with
