@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from kernel_sentinel import mutate
+from kernel_sentinel import mutate, registry
+from kernel_sentinel.family import REPO_ROOT
 
 SOURCE = '''"""Module docstring: a < b, x - 1, max(a, b)."""
 import triton.language as tl
@@ -78,3 +83,23 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
     assert summary["kill_rate"] == 50.0 and summary["files"]["k.py"] == {"mutants": 4, "killed": 2, "kill_rate": 50.0}
     assert [s["status"] for s in summary["survivors"]] == ["survived", "unreached"]
     assert summary["survivors"][0]["diff"] == mutants[2].diff()
+
+
+FAMILIES = [f.name for f in registry.families()]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_seeded_sample_of_real_mutants_is_killed(family, tmp_path):
+    """Three seeded mutants of the family's PyTorch backend, in a scratch copy, each killed by the CPU verifier
+    (the full measurement, Triton sources included, is `sentinel mutate --record`; see the site)."""
+    report = tmp_path / "mutants.json"
+    scratch = set(Path(tempfile.gettempdir()).glob("sentinel-mutate-*"))
+    done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "mutate", "--family", family, "--files",
+                           f"kernels/{family}/torch_ops.py", "--route", f"{family}.torch.*", "-n", "3", "--seed", "0",
+                           "--min-kill", "100", "--jobs", "2", "--json", str(report)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (summary,) = json.loads(report.read_text())
+    assert summary["sampled"] == 3 and summary["killed"] == 3
+    assert all(m["file"] == f"kernels/{family}/torch_ops.py" and m["by"] for m in summary["mutants"])
+    assert set(Path(tempfile.gettempdir()).glob("sentinel-mutate-*")) <= scratch, "scratch copies left behind"
