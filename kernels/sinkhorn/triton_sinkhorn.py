@@ -187,35 +187,6 @@ def _prob_prepare(x_ptr, offs, valid, eps, F64: tl.constexpr):
 
 
 @triton.jit
-def _prob_replay(p0, k, eps, rows, cols):
-    """Step ``k`` (1-based) of the probability loop as scalings of ``p0``: the matrix after its row step and its
-    row denominators (step 1 has no row step), the matrix after its column step and its column denominators."""
-    r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
-    c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
-    dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
-    c = c / dc
-    cprev = c
-    dr = r * 0.0 + 1.0
-    for _ in range(k - 1):
-        cprev = c
-        dr = _safe(r * tl.sum(p0 * c, axis=2)[:, :, None] + eps)
-        r = r / dr
-        dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
-        c = c / dc
-    return r * p0 * cprev, dr, r * p0 * c, dc
-
-
-@triton.jit
-def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
-                        F64: tl.constexpr):
-    pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
-    Prow, dr, P, dc = _prob_replay(p0, ITERS, eps, rows, cols)
-    tl.store(out_ptr + offs, P.to(out_ptr.dtype.element_ty), mask=valid)
-
-
-@triton.jit
 def _prob_step(p0, r, c, idx, eps):
     """Step ``idx`` (1-based) of the probability loop on the scalings of ``p0``: the row division (skipped at step
     1, where the softmax already normalised the rows: denominators 1), then the column division; returns the new
@@ -224,6 +195,19 @@ def _prob_step(p0, r, c, idx, eps):
     r = r / dr
     dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
     return r, c / dc, dr, dc
+
+
+@triton.jit
+def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                        F64: tl.constexpr):
+    pid = tl.program_id(0)
+    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
+    c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
+    for t in range(0, ITERS):
+        r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
+    tl.store(out_ptr + offs, (r * p0 * c).to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
