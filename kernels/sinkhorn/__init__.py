@@ -6,7 +6,8 @@ softmax over rows plus ``eps``, a column division, then ``iters - 1`` row and co
 plus ``eps``). Math in float32 (float64 for float64); gradients are exact for the finite loop. The Triton
 routes (n <= 64) pack several matrices per program, compute the log domain in scaling form (one exponential per
 entry, then divisions only; blocks whose rows span more than a threshold run the log loop itself), and their
-backward replays the forward on chip from ``x``, storing nothing per iteration. n > 64 and devices without
+backward recomputes the forward on chip from ``x`` (the scalings of every ceil(sqrt(iters))-th step kept in
+registers; nothing per iteration in global memory). n > 64 and devices without
 Triton take the PyTorch loop. Modules: :class:`SinkhornKnopp`, and :class:`FusedMHC` with triton-sinkhorn's
 interface.
 """
