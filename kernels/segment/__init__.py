@@ -11,8 +11,10 @@ ids=None)`` and ``segment_min_backward`` recompute the arg and are bitwise equal
 
 The Triton kernels cut the rows into equal row blocks whatever the segment lengths (a segmented scan per tile;
 segments spanning blocks are finished by a combine pass in row order), so many short segments and one segment
-of millions of rows both fill the GPU; no atomics, bitwise repeatable. Value checks (sortedness, ranges) cost
-one batch of device reductions and one host sync; the ids form without ``num_segments`` syncs once more.
+of millions of rows both fill the GPU; no atomics, bitwise repeatable. Value checks (sortedness, ranges) are one
+batch of device reductions: on CPU tensors a failed check raises the named error (one host read); on CUDA
+nothing is read on the host, indices are clamped into bounds and the outputs are NaN when a check failed. The
+ids form without ``num_segments`` reads S from the device (a host sync).
 """
 from provable_kernels.segment.dispatch import (
     TREE,

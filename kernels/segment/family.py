@@ -484,7 +484,8 @@ FAMILY = Family(
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, dtype or device; both or neither index "
               "form; offsets not from 0 to N or decreasing; ids unsorted or out of range raise ValueError / "
-              "TypeError naming the argument (value checks: one batch, one host sync).", make_call),
+              "TypeError naming the argument (value checks: one batch; on CUDA no host read: indices clamped, "
+              "outputs NaN when a check failed).", make_call),
         Guard("Empty segments are written with `empty` by a separate pass (mean never divides by zero), and "
               "receive no gradient: no row belongs to them.", segment_fill_kernel.fn),
         Guard("Segments spanning row blocks are combined in row order from per-block pieces: no atomics, bitwise "
@@ -499,8 +500,8 @@ FAMILY = Family(
         "first occurrence for either sign (test_peer_defect_torch_segment_reduce_tie_gradient).",
         "Peer issue (torch.segment_reduce): one thread per (segment, column), so one long segment runs serially "
         "(thousands of times off the copy floor at 16M rows); this family splits rows into equal blocks.",
-        "The ids form without num_segments reads S = ids[-1] + 1 from the device: one host sync more than the "
-        "offsets form or the ids form with num_segments.",
+        "The ids form without num_segments reads S = ids[-1] + 1 from the device: a host sync per call (and an "
+        "error under torch.compile or graph capture); with offsets, or ids and num_segments, CUDA calls need none.",
         "The Triton kernels index rows and segments with int32: N or S of 2**31 or more runs the PyTorch backend.",
     ),
 )
