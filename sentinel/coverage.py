@@ -5,8 +5,9 @@ measures them like the rest of the family; on a GPU they are compiled and cannot
 the CPU device.
 
 What is measured: the *kernel sources* of a family are its :meth:`~kernel_sentinel.family.Family.source_files`
-without its registration module (``family.py``: the cases, not the kernels). Of each file, the statements inside
-function bodies count (module- and class-level statements run when the module is imported, which can happen before
+without the verifier's side: its registration (``family.py`` and its parts ``family_*.py``: the cases) and its
+independent references (``oracle.py``, which tests exercise too). Of each file, the statements inside function
+bodies count (module- and class-level statements run when the module is imported, which can happen before
 measurement starts). Library files that several families import (``kernels/dispatch.py``, ...) are reported once,
 with the lines reached by any family of the run.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fnmatch
 import io
 import re
 import tokenize
@@ -38,13 +40,15 @@ from rich.table import Table
 from kernel_sentinel.family import REPO_ROOT, Family
 
 MARKER = re.compile(r"#\s*verify:\s*unreached\b\s*(?:\((?P<reason>.*)\))?")
-REGISTRATION_MODULE = "family.py"
+VERIFIER_SIDE = ("family.py", "family_*.py", "oracle.py")  # registration with sentinel (and its parts), oracle
 
 
 def kernel_sources(family: Family) -> list[Path]:
-    """The family's source files (repo-relative where inside the repository) without its registration module."""
-    registration = Path(next(iter(family.package.__path__))).resolve() / REGISTRATION_MODULE
-    return [p for p in family.source_files() if _absolute(p) != registration]
+    """The family's source files (repo-relative where inside the repository) without the verifier's side in the
+    family's package: its registration (``family.py`` and its parts ``family_*.py``) and its ``oracle.py``."""
+    package = Path(next(iter(family.package.__path__))).resolve()
+    return [p for p in family.source_files()
+            if not (_absolute(p).parent == package and any(fnmatch.fnmatch(p.name, g) for g in VERIFIER_SIDE))]
 
 
 def kernel_root() -> Path:
@@ -71,6 +75,12 @@ class Measurement:
                                         config_file=False)
         self._cov.clear_exclude()  # no pragma hides a line: declarations are the markers of this module
 
+    def start(self) -> None:
+        self._cov.start()
+
+    def stop(self) -> None:
+        self._cov.stop()
+
     def lines(self, path: Path) -> tuple[list[int], set[int]]:
         """coverage.py's statements of ``path`` (first line of each) and those that ran."""
         _, statements, _, missing, _ = self._cov.analysis2(str(_absolute(path)))
@@ -82,11 +92,11 @@ def measuring(roots: Sequence[Path]) -> Iterator[Measurement]:
     """Measure the lines of the files under ``roots`` that run inside the block. Start it before the families
     are imported (:func:`kernel_root`), so that what runs at import (building dispatch trees) is seen too."""
     measurement = Measurement(roots)
-    measurement._cov.start()
+    measurement.start()
     try:
         yield measurement
     finally:
-        measurement._cov.stop()
+        measurement.stop()
 
 
 # ----------------------------------------------------------------------------------------- source analysis
@@ -340,3 +350,18 @@ def table(cov: CoverageReport) -> Table:
                     f"[{style}]{percent}[/]", escape(unreached) or "-",
                     escape(", ".join(f"{s}: {r}" for s, r in f.declared)) or "-")
     return out
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """A Markdown table of a coverage report's JSON (:meth:`CoverageReport.as_dict`), for the site: one row per
+    file with the statements reached, the unreached lines and the declared ones with their reasons."""
+    def spans(items: Sequence[dict[str, Any]]) -> str:
+        return ", ".join(f"{s['first']}" + (f"-{s['last']}" if s["last"] != s["first"] else "")
+                         + f" (`{s['function']}`" + (f": {s['reason']}".replace("|", "\\|") if "reason" in s else "")
+                         + ")"
+                         for s in items) or "-"
+
+    rows = [f"| `{f['path']}` | {f['reached']}/{f['statements']} | {f['percent']:.1f}% | {spans(f['unreached'])} | "
+            f"{spans(f['declared'])} |" for f in data["files"]]
+    return "\n".join(["| file | statements reached | % | unreached, not declared | declared unreached (reason) |",
+                      "|---|---|---|---|---|", *rows])
