@@ -6,15 +6,19 @@ Run from the repository root::
 
 On CUDA, for B,T,K,C = 32,25,5,20 (launch-bound) and 4,1024,16,12 (latency-bound), float32 inputs, log semiring:
 
-(a) ``make_call`` alone (argument validation, one host sync for the data checks);
+(a) ``make_call`` alone (argument validation; value checks in device mode: no host sync, see
+    traces/guide/host-syncs.md);
 (b) ``triton_ops.partition`` on a prebuilt call (plan, allocations, Triton launch);
-(c) the public ``semi_crf_streaming_forward`` (a + dispatch + b);
+(c) the public ``semi_crf_streaming_forward`` (a + dispatch + custom op + b), default value-check policy (device
+    mode on CUDA), and (c') the same inside ``validate.value_checks("sync")`` (one host sync: named errors);
 (d) the kernel alone: ``triton.testing.do_bench_cudagraph`` on (b) (graph replays: no host work), with the inference
-    route's float32 chain and, for comparison, the float64 chain of the training / Viterbi routes.
+    route's float32 chain and, for comparison, the float64 chain of the training / Viterbi routes;
+(e) a public training step: forward + backward of the log partition (float64 working dtype).
 
-(a)-(c): ``torch.cuda.synchronize`` + ``time.perf_counter`` around ``--calls`` back-to-back calls, per call, median
-of ``--repeats`` such loops (the host runs ahead of the GPU, so a stage costs max(host, device) time). Prints a
-table and writes DIR/semicrf_overhead.json.
+``public_host_overhead_us`` = (c) - (d): what a public call adds over the kernel alone (requirement: <= 40 us at
+32,25,5,20). (a)-(c), (e): ``torch.cuda.synchronize`` + ``time.perf_counter`` around ``--calls`` back-to-back
+calls, per call, median of ``--repeats`` such loops (the host runs ahead of the GPU, so a stage costs max(host,
+device) time). Prints a table and writes DIR/semicrf_overhead.json.
 
 Without CUDA it runs under the Triton interpreter (set here) on a tiny shape with few calls: a smoke check of the
 script, not a measurement; (d) is then skipped.
@@ -40,6 +44,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks.common import environment, print_table, write_json  # noqa: E402
+from provable_kernels import validate  # noqa: E402
 from provable_kernels.semicrf import triton_ops  # noqa: E402
 from provable_kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
 
@@ -47,7 +52,9 @@ CUDA_SHAPES = [(32, 25, 5, 20), (4, 1024, 16, 12)]
 CPU_SHAPES = [(2, 4, 2, 3)]
 COLUMNS = [("shape", "B,T,K,C", ""), ("make_call_us", "(a) make_call us", ".1f"),
            ("partition_us", "(b) partition us", ".1f"), ("public_us", "(c) public us", ".1f"),
+           ("public_sync_us", "(c') public, sync checks us", ".1f"),
            ("kernel_f32_chain_us", "(d) kernel f32 chain us", ".1f"),
+           ("public_host_overhead_us", "(c)-(d) us", ".1f"), ("train_step_us", "(e) fwd+bwd us", ".1f"),
            ("kernel_f64_chain_us", "kernel f64 chain us", ".1f"), ("us_per_step_f32", "us/step f32", ".3f"),
            ("us_per_step_f64", "us/step f64", ".3f")]
 
@@ -95,17 +102,30 @@ def measure(shape: tuple[int, int, int, int], calls: int, repeats: int, device: 
     args = ("partition", cum, trans, dur, lengths, K, "log", None, None, True)
     call = make_call(*args)
     plan = triton_ops._plan(call)
+    public = lambda: semi_crf_streaming_forward(cum, trans, dur, lengths, K)  # noqa: E731
+    leaves = [x.clone().requires_grad_() for x in (cum, trans, dur)]
+
+    def train_step() -> None:
+        semi_crf_streaming_forward(*leaves, lengths, K).sum().backward()
+
+    def public_sync() -> None:
+        with validate.value_checks("sync"):
+            public()
+
     row = dict(shape=",".join(map(str, shape)),
                make_call_us=per_call_us(lambda: make_call(*args), calls, repeats, device),
                partition_us=per_call_us(lambda: triton_ops.partition(call), calls, repeats, device),
-               public_us=per_call_us(lambda: semi_crf_streaming_forward(cum, trans, dur, lengths, K), calls, repeats,
-                                     device),
+               public_us=per_call_us(public, calls, repeats, device),
+               public_sync_us=per_call_us(public_sync, calls, repeats, device),
+               train_step_us=per_call_us(train_step, calls, repeats, device),
                kernel_f32_chain_us=kernel_us(lambda: triton_ops.partition(call), device),
                kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, cum.dtype, chain=tl.float64),
                                              device))
     for chain in ("f32", "f64"):
         value = row[f"kernel_{chain}_chain_us"]
         row[f"us_per_step_{chain}"] = None if value is None else value / T
+    kernel = row["kernel_f32_chain_us"]
+    row["public_host_overhead_us"] = None if kernel is None else row["public_us"] - kernel
     return row
 
 

@@ -137,9 +137,16 @@ class Tree:
     def dispatch(self, call: Any) -> Any:
         """Select the route for ``call``, record its id, run it."""
         route = self.select(call)
-        for taken in _RECORDINGS.get():
-            taken.append(route.id)
+        if not _compiling():  # torch.compile cannot trace a ContextVar; recordings observe eager calls
+            for taken in _RECORDINGS.get():
+                taken.append(route.id)
         return route.fn(call)
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 _RECORDINGS: contextvars.ContextVar[tuple[list[str], ...]] = contextvars.ContextVar("_RECORDINGS", default=())

@@ -99,6 +99,28 @@ def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch
     return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
 
 
+def agrees_with_reference(reference: Callable[[Case], Outputs], value_rtol: float = 1e-6,
+                          grad_rtol: float = 1e-4) -> Callable[[Case, Outputs], None]:
+    """An ``Adversarial.expect`` that compares the route's outputs with ``reference(case)`` (e.g. the family's
+    float64 reference) instead of checking finiteness only: ``grad_*`` outputs within ``grad_rtol`` norm-wise
+    relative, other float outputs within ``value_rtol`` relative per element, integer outputs exactly."""
+    def expect_reference(case: Case, outputs: Outputs) -> None:
+        want = reference(case)
+        for name, got in outputs.items():
+            got, ref = got.detach().cpu(), want[name].detach().cpu()
+            if not got.is_floating_point():
+                error, limit = float((got != ref).sum()), 0.0
+            elif name.startswith("grad_"):
+                error = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300))
+                limit = grad_rtol
+            else:
+                error = float(((got.double() - ref.double()).abs() / ref.double().abs().clamp_min(1e-300)).max())
+                limit = value_rtol
+            if not error <= limit:
+                raise AssertionError(f"{name}: error {error:.2e} against the reference, want <= {limit:g}")
+    return expect_reference
+
+
 def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
                       what: str, **options: Any) -> Adversarial:
     """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64

@@ -18,5 +18,5 @@ USAGE = 2
 
 def usage_error(message: str) -> int:
     """Print ``message`` as a usage error on stderr; return exit code 2."""
-    err.print(f"[bold red]usage error:[/] {message}", highlight=False)
+    err.print(f"[bold red]usage error:[/] {message}", highlight=False, soft_wrap=True)  # one line, never wrapped
     return USAGE

@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernel_sentinel import console, records, registry, trace
+from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.family import REPO_ROOT, Family
 from kernel_sentinel.report import JUnitCase, junit_tree, save_junit
 
@@ -259,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError:
             return console.usage_error(f"--base {args.base!r} is not a commit that shares history with HEAD "
                                        "(in CI, fetch the base branch with its history)")
+    problem = unwritable({"--json": args.json, "--junit": args.junit})
+    if problem:
+        return console.usage_error(problem)
     changed, reasons, steps = run_gate(args.base, args.quick)
     print_summary(args.base, changed, reasons, steps)
     passed = all(s.passed for s in steps)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from kernel_sentinel import console
+from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
 from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
 from kernel_sentinel.records import CheckResult, RouteResult
@@ -355,6 +356,10 @@ def run(args: argparse.Namespace) -> int:
                                    "drop --route / --dtype")
     if args.record and (args.quick or args.examples):
         return console.usage_error("--record needs the full default verification; drop --quick / --examples")
+    problem = unwritable({"--json": args.json, "--junit": args.junit},
+                         {"--record": records.record_dir() if args.record else None})
+    if problem:
+        return console.usage_error(problem)
     try:
         families = registry.select(args.family)
     except registry.UnknownFamily as exc:

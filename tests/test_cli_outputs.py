@@ -21,9 +21,23 @@ def test_missing_directory_is_named(tmp_path: Path):
 
 
 def test_directory_and_file_parent_are_named(tmp_path: Path):
-    assert outputs.unwritable({"--junit": tmp_path}) == f"--junit {tmp_path}: cannot write there ({tmp_path} is a directory)"
+    expected = f"--junit {tmp_path}: cannot write there ({tmp_path} is a directory)"
+    assert outputs.unwritable({"--junit": tmp_path}) == expected
     blocker = tmp_path / "file"
     blocker.write_text("")
     line = outputs.unwritable({"--json": blocker / "x.json"})
     assert line == f"--json {blocker / 'x.json'}: cannot write there ({blocker} is not a directory)"
-    assert outputs.unwritable({}, {"--record": blocker / "sub"}).startswith(f"--record: cannot write the record ({blocker / 'sub'}")
+    line = outputs.unwritable({}, {"--record": blocker / "sub"})
+    assert line.startswith(f"--record: cannot write the record ({blocker / 'sub'}")
+
+
+def test_verify_and_gate_refuse_unwritable_outputs_before_running(tmp_path: Path, capsys):
+    from kernel_sentinel.cli import main
+
+    target = tmp_path / "missing" / "report.json"
+    for argv in (["verify", "--family", "semicrf", "--json", str(target)],
+                 ["verify", "--family", "semicrf", "--junit", str(tmp_path)],
+                 ["gate", "--json", str(target)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("usage error: --j") and "cannot write there" in err and "\n" not in err

@@ -242,7 +242,9 @@ def test_bad_input():
     edge = edges_from_streaming(**params)
     log = SemiMarkov(Log())
     with pytest.raises(TypeError, match="semiring"):
-        SemiMarkov(Log)
+        SemiMarkov(KMax)  # the class without k
+    with pytest.raises(TypeError, match="semiring"):
+        SemiMarkov("log")
     with pytest.raises(ValueError, match="edge"):
         log.logpartition(edge[0], lengths)
     with pytest.raises(ValueError, match="edge"):

@@ -171,7 +171,7 @@ def _call(**changes):
         (dict(labels=torch.zeros(4, dtype=torch.int64)), ValueError, "labels"),
         (dict(lengths=torch.tensor([4, 5])), ValueError, "lengths"),
         (dict(cum_scores=torch.full((2, 5, 2), math.nan, dtype=F64)), ValueError, "cum_scores"),
-        (dict(duration_bias=torch.zeros(2, 2)), TypeError, "duration_bias"),
+        (dict(duration_bias=torch.zeros(2, 2, dtype=torch.int64)), TypeError, "duration_bias"),
         (dict(duration_bias=torch.zeros(0, 2, dtype=F64)), ValueError, "duration_bias"),
         (dict(transition=torch.zeros(3, 3, dtype=F64)), ValueError, "transition"),
         (dict(proj_end=torch.zeros(2, 3, 2, dtype=F64)), ValueError, "proj_end"),

@@ -1,76 +1,227 @@
-"""Autograd glue shared by the semi-CRF backends (written once for ``torch_ops`` and ``triton_ops``).
+"""The semi-CRF kernels as PyTorch custom ops (``torch.library``), with fake implementations and autograd.
 
-A backend is a module with ``forward_checkpointed(call) -> (logZ, saved)``, ``backward(call, saved, logZ,
-grad_logZ) -> (g_cum, g_trans, g_dur, g_ps, g_pe)`` and ``viterbi(call) -> ViterbiPath``.
+Both backends (``"triton"``: :mod:`provable_kernels.semicrf.triton_ops`, ``"torch"``:
+:mod:`provable_kernels.semicrf.torch_ops`) run behind the same four ops of the ``provable_kernels`` namespace, so
+that ``torch.compile(fullgraph=True)`` sees one opaque node per kernel (no graph break), CUDA graphs capture them,
+and meta / fake tensors get the right output shapes without running anything:
 
-- :func:`log_partition`: logZ (B,) with the backend's hand-written backward.
-- :func:`max_partition`: the best score (B,); its gradient is the indicator of the decoded best path (the
-  gradient of the path's score), zero for a sequence whose best score is -inf.
+- ``semicrf_partition(cum, trans, dur, lengths, ps, pe, K, semiring, backend) -> (B,)``: logZ or the best score,
+  no gradient (inference routes).
+- ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), *saved]``: logZ with what
+  the backward needs (Triton: float64 logZ and ring checkpoints; torch: float64 logZ, the backward recomputes its
+  checkpoints); differentiable through ``semicrf_log_backward``.
+- ``semicrf_log_backward(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend) -> [g_cum, g_trans, g_dur,
+  (g_ps), (g_pe)]``: the hand-written backward. It is first order only: differentiating it again (a gradient
+  penalty, ``create_graph=True`` then ``backward``) raises :class:`SecondOrderError`, never a silent zero.
+- ``semicrf_viterbi(cum, trans, dur, lengths, ps, pe, K, backend) -> (scores (B,), durations (B, T) int64,
+  labels (B, T) int64)``: the :class:`~provable_kernels.semicrf.structures.ViterbiPath` tensors.
+
+Shapes and conventions as in :mod:`provable_kernels.semicrf.call`; ``ps``/``pe`` may be None. Inputs have
+one float dtype (the call's compute dtype); outputs use it, integer outputs are int64.
+
+Route helpers: :func:`log_partition` (logZ with the hand-written backward), :func:`max_partition` (the best
+score; its gradient is the indicator of the decoded best path: the autograd of the path's score, zero where the
+best score is -inf), :func:`partition`, :func:`viterbi`. The last two (no autograd) call the backend directly
+in plain eager code on real tensors, where the op would only add dispatch time.
 """
 from __future__ import annotations
 
-import dataclasses
-from types import ModuleType
+import math
+from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from torch._subclasses.fake_tensor import FakeTensor
 
+from provable_kernels.semicrf import torch_ops, triton_ops
 from provable_kernels.semicrf.call import StreamingCall
-from provable_kernels.semicrf.scoring import path_score
+from provable_kernels.semicrf.scoring import segmentation_score
 from provable_kernels.semicrf.structures import ViterbiPath
 
-_INPUTS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")  # the order of call.tensors
+BACKENDS = {"triton": triton_ops, "torch": torch_ops}
+SECOND_ORDER_HINT = (
+    "second-order gradients of the semi-CRF log partition are not implemented: its backward is a hand-written "
+    "first-order kernel. For a gradient penalty or Hessian-vector products use the exact backend, which is plain "
+    "autograd: SemiMarkov(LogSemiring).logpartition(edges_from_streaming(...), lengths), or "
+    "SemiMarkovCRFHead(..., backend='exact') with the head")
 
 
-class _LogPartition(torch.autograd.Function):
-    """logZ = backend forward; d logZ = backend hand-written backward. Inputs: ``(backend, call, *call.tensors)``."""
-
-    @staticmethod
-    def forward(ctx, backend: ModuleType, call: StreamingCall, *inputs):
-        logZ, saved = backend.forward_checkpointed(call)
-        ctx.backend, ctx.call, ctx.n_saved = backend, call, len(saved)
-        ctx.save_for_backward(*inputs, logZ, *saved)  # saving the inputs catches in-place changes before backward
-        return logZ
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_logZ: Tensor):
-        *inputs, logZ = ctx.saved_tensors[: len(_INPUTS) + 1]
-        saved = tuple(ctx.saved_tensors[len(_INPUTS) + 1 :])
-        call = dataclasses.replace(ctx.call, **dict(zip(_INPUTS, inputs)))
-        grads = ctx.backend.backward(call, saved, logZ, grad_logZ)
-        wanted = ctx.needs_input_grad[2:]
-        return (None, None) + tuple(g if need else None for g, need in zip(grads, wanted))
+class SecondOrderError(RuntimeError):
+    """Raised when a semi-CRF hand-written backward is differentiated (see :data:`SECOND_ORDER_HINT`)."""
 
 
-def log_partition(backend: ModuleType, call: StreamingCall) -> Tensor:
-    """logZ (B,) of ``call`` (log semiring), differentiable in each of ``call.tensors`` that requires grad."""
-    return _LogPartition.apply(backend, call, *call.tensors)
+def _call(backend: str, cum, trans, dur, lengths, ps, pe, K: int, semiring: str) -> StreamingCall:
+    return StreamingCall(cum, trans, dur, lengths, K, ps, pe, op="partition", semiring=semiring,
+                         use_triton=backend == "triton")
+
+
+def _module(backend: str):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+    return BACKENDS[backend]
+
+
+def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:
+    B, T1, C = cum.shape
+    return B, T1 - 1, C, min(K, T1 - 1)
+
+
+# ----------------------------------------------------------------------------------------------------- ops
+
+
+@torch.library.custom_op("provable_kernels::semicrf_partition", mutates_args=())
+def _partition_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                  pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
+    return _module(backend).partition(_call(backend, cum, trans, dur, lengths, ps, pe, K, semiring))
+
+
+@_partition_op.register_fake
+def _(cum, trans, dur, lengths, ps, pe, K, semiring, backend):
+    return cum.new_empty(cum.shape[0])
+
+
+@torch.library.custom_op("provable_kernels::semicrf_log_forward", mutates_args=())
+def _log_forward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                    pe: Optional[Tensor], K: int, backend: str) -> list[Tensor]:
+    logZ, saved = _module(backend).forward_checkpointed(_call(backend, cum, trans, dur, lengths, ps, pe, K, "log"))
+    if backend == "torch":
+        saved = saved[:1]  # the float64 logZ; the checkpoints' count depends on the lengths' values: recomputed
+    if logZ.dtype == torch.float64:
+        logZ = logZ.clone()  # float64 inputs: logZ is the saved float64 logZ itself; op outputs must not alias
+    return [logZ, *saved]
+
+
+@_log_forward_op.register_fake
+def _(cum, trans, dur, lengths, ps, pe, K, backend):
+    B, T, C, k = _sizes(cum, K)
+    logZ, logZ64 = cum.new_empty(B), cum.new_empty(B, dtype=torch.float64)
+    if backend == "torch":
+        return [logZ, logZ64]
+    checkpoints = T // triton_ops.checkpoint_interval(T, k) + 1
+    ring = cum.new_empty(B, checkpoints, k + 1, C, dtype=torch.float64)
+    ring_a = cum.new_empty(B, checkpoints, k + 1, C, dtype=torch.float64) if trans.dim() == 3 else \
+        cum.new_empty(1, dtype=torch.float64)
+    return [logZ, logZ64, ring, ring_a, cum.new_empty(B, checkpoints, dtype=torch.float64)]
+
+
+@torch.library.custom_op("provable_kernels::semicrf_log_backward", mutates_args=())
+def _log_backward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                     pe: Optional[Tensor], saved: list[Tensor], grad: Tensor, K: int, backend: str) -> list[Tensor]:
+    call = _call(backend, cum, trans, dur, lengths, ps, pe, K, "log")
+    module = _module(backend)
+    if backend == "torch":
+        saved = module.forward_checkpointed(call)[1]
+    grads = module.backward(call, tuple(saved), None, grad)
+    return [g for g in grads if g is not None]
+
+
+@_log_backward_op.register_fake
+def _(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):
+    return [torch.empty_like(x) for x in (cum, trans, dur, ps, pe) if x is not None]
+
+
+@torch.library.custom_op("provable_kernels::semicrf_viterbi", mutates_args=())
+def _viterbi_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                pe: Optional[Tensor], K: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    path = _module(backend).viterbi(_call(backend, cum, trans, dur, lengths, ps, pe, K, "max"))
+    return path.scores, path.durations, path.labels
+
+
+@_viterbi_op.register_fake
+def _(cum, trans, dur, lengths, ps, pe, K, backend):
+    B, T = cum.shape[0], cum.shape[1] - 1
+    return cum.new_empty(B), cum.new_empty(B, T, dtype=torch.int64), cum.new_empty(B, T, dtype=torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------ autograd
+
+
+def _setup_log_forward(ctx, inputs, output) -> None:
+    cum, trans, dur, lengths, ps, pe, K, backend = inputs
+    ctx.K, ctx.backend = K, backend
+    ctx.save_for_backward(cum, trans, dur, lengths, ps, pe, *output[1:])
+
+
+def _log_forward_backward(ctx, grads):
+    cum, trans, dur, lengths, ps, pe, *saved = ctx.saved_tensors
+    found = iter(_log_backward_op(cum, trans, dur, lengths, ps, pe, saved, grads[0], ctx.K, ctx.backend))
+    g_cum, g_trans, g_dur = next(found), next(found), next(found)
+    g_ps = None if ps is None else next(found)
+    g_pe = None if pe is None else next(found)
+    return g_cum, g_trans, g_dur, None, g_ps, g_pe, None, None
+
+
+def _setup_log_backward(ctx, inputs, output) -> None:
+    pass
+
+
+def _refuse_second_order(ctx, grads):
+    raise SecondOrderError(SECOND_ORDER_HINT)
+
+
+torch.library.register_autograd("provable_kernels::semicrf_log_forward", _log_forward_backward,
+                                setup_context=_setup_log_forward)
+torch.library.register_autograd("provable_kernels::semicrf_log_backward", _refuse_second_order,
+                                setup_context=_setup_log_backward)
+
+
+# -------------------------------------------------------------------------------------------- route helpers
+
+
+def _args(call: StreamingCall) -> tuple:
+    return (call.cum_scores, call.transition, call.duration_bias, call.lengths, call.proj_start, call.proj_end,
+            call.K)
+
+
+def _plain_eager(call: StreamingCall) -> bool:
+    """A plain eager call on real tensors, where an op without autograd may run its backend directly and save the
+    custom-op dispatch (tens of microseconds of host time); compile, export and meta/fake tensors use the op."""
+    x = call.cum_scores
+    return not (torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor))
+
+
+def partition(backend: str, call: StreamingCall) -> Tensor:
+    """logZ or the best score (B,) of ``call``, no autograd graph (the inference routes)."""
+    if _plain_eager(call):
+        return _module(backend).partition(call)
+    return _partition_op(*_args(call), call.semiring, backend)
+
+
+def log_partition(backend: str, call: StreamingCall) -> Tensor:
+    """logZ (B,) of ``call`` (log semiring), differentiable in each of ``call.tensors`` that requires grad
+    (first order)."""
+    return _log_forward_op(*_args(call), backend)[0]
+
+
+def viterbi(backend: str, call: StreamingCall) -> ViterbiPath:
+    """The best segmentation per sequence as a :class:`ViterbiPath` (no gradient)."""
+    if _plain_eager(call):
+        return _module(backend).viterbi(call)
+    return ViterbiPath(*_viterbi_op(*_args(call), backend))
 
 
 def path_tensors(path: ViterbiPath, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """``(starts (B, T) bool, labels (B, T) int64)`` per position, as :func:`~provable_kernels.semicrf.scoring.path_score`
-    takes them, from a ViterbiPath (segments marked at their last position). Positions >= lengths[b]: False / 0."""
+    """``(starts (B, T) bool, labels (B, T) int64)`` per position, as
+    :func:`~provable_kernels.semicrf.scoring.path_score` takes them, from a ViterbiPath (segments marked at their last position). Positions >= lengths[b]: False / 0."""
     ends = path.durations > 0
     B, T = ends.shape
     position = torch.arange(T, device=ends.device).expand(B, T)
     inside = position < lengths[:, None]
-    starts = torch.ones_like(ends)
-    starts[:, 1:] = ends[:, :-1]  # a segment starts at 0 and right after each end
+    starts = torch.cat([torch.ones_like(ends[:, :1]), ends[:, :-1]], 1)  # a segment starts at 0 and after each end
     # the segment covering t ends at the first end at or after t
     end_of = torch.where(ends, position, T - 1).flip(1).cummin(1).values.flip(1)
     labels = torch.where(inside, path.labels.gather(1, end_of), 0)
     return starts & inside, labels
 
 
-def max_partition(backend: ModuleType, call: StreamingCall) -> Tensor:
-    """The best score (B,) from ``backend.viterbi``; gradient: autograd of ``path_score`` at the decoded path
-    (the indicator of its segments and transitions), zero where the best score is -inf. The value is exactly
-    the Viterbi score."""
-    path = backend.viterbi(call)
+def max_partition(backend: str, call: StreamingCall) -> Tensor:
+    """The best score (B,) from the Viterbi op; gradient: autograd of the decoded path's score (the indicator of
+    its segments and transitions), zero where the best score is -inf. The value is exactly the Viterbi score;
+    second-order gradients are exact (zero: the score is linear in the inputs)."""
+    path = viterbi(backend, call)
     starts, labels = path_tensors(path, call.lengths)
-    score = path_score(call.cum_scores, call.transition, call.duration_bias, call.lengths, starts, labels,
-                       call.proj_start, call.proj_end)
-    score = torch.where(torch.isfinite(path.scores), score, torch.zeros_like(score))
-    return path.scores + (score - score.detach())
+    score = segmentation_score(call.cum_scores, call.transition, call.duration_bias, call.lengths, starts, labels,
+                               call.proj_start, call.proj_end)
+    best = path.scores.detach()  # the op has no autograd formula: the gradient is the path score's
+    score = torch.where(torch.isfinite(best), score, torch.zeros_like(score))
+    return best + (score - score.detach())

@@ -3,7 +3,10 @@
 Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conventions.md``):
 
 - ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only
-  differences enter a score); float32 or float64, and every other float tensor has its dtype and device.
+  differences enter a score). Every float tensor may be float16, bfloat16, float32 or float64, each its own, on
+  the device of ``cum_scores``: they are computed in the *compute dtype*, float64 when any is float64, else
+  float32 (the casts are differentiable, so gradients come back in each input's dtype; outputs are in the compute
+  dtype).
 - ``transition`` (C, C) or duration-dependent (K, C, C), oriented ``transition[src, dst]``.
 - ``duration_bias`` (K, C): row ``d-1`` for duration ``d``; durations are 1..K, **K inclusive**.
 - ``proj_start``, ``proj_end`` (B, T, C), each optional: scores for a segment starting / ending at a position.
@@ -16,7 +19,7 @@ Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conven
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -38,6 +41,7 @@ class Scores:
     K: int
     proj_start: Optional[torch.Tensor]
     proj_end: Optional[torch.Tensor]
+    ok: Optional[torch.Tensor] = field(default=None, kw_only=True)  # device-mode value checks (validate.poison)
 
     @property
     def batch(self) -> int:
@@ -67,47 +71,66 @@ class StreamingCall(Scores):
     use_triton: bool
 
 
-def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=None, proj_end=None) -> Scores:
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRANSFORMS_HINT = ("the semi-CRF does not support torch.func transforms (vmap, grad, jacrev, ...): its kernels are "
+                   "custom ops with a hand-written backward and no batching rule. Use torch.autograd.grad (or "
+                   ".backward()) for gradients, and a larger batch B instead of vmap")
+
+
+def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=None, proj_end=None, *,
+                 at_sync_point: bool = False) -> Scores:
     """Validate the score tensors (naming the argument on error: ``TypeError`` for a wrong type or dtype,
-    ``ValueError`` for a wrong shape, device or value); value checks (finiteness, length range) run together
-    through :class:`provable_kernels.validate.DataChecks`."""
-    cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=validate.FLOAT_DTYPES)
-    device, dtype = cum_scores.device, cum_scores.dtype
+    ``ValueError`` for a wrong shape, device or value) and cast the float ones to the compute dtype (module
+    docstring). Types, shapes, dtypes and devices are checked on the host before any work; the value checks
+    (finiteness, length range) follow the host-sync policy of :class:`provable_kernels.validate.DataChecks`
+    (``at_sync_point``: the caller reads results on the host anyway): a named error now, or ``Scores.ok`` for
+    the caller to poison its outputs with (``lengths`` then clamped into 1..T)."""
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        raise RuntimeError(TRANSFORMS_HINT)
+    cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=INPUT_DTYPES)
+    device = cum_scores.device
     B, T1, C = cum_scores.shape
     if T1 < 2:
         raise ValueError(f"cum_scores must have shape (B, T+1, C) with T >= 1, got {tuple(cum_scores.shape)}")
     if C < 1:
         raise ValueError(f"cum_scores must have at least one label (C >= 1), got shape {tuple(cum_scores.shape)}")
     K = validate.positive_int("K", K)
-    checks = validate.DataChecks()
-    checks.finite("cum_scores", cum_scores)
-    transition = validate.tensor("transition", transition, ndim=(2, 3), dtypes=(dtype,), device=device)
+    transition = validate.tensor("transition", transition, ndim=(2, 3), dtypes=INPUT_DTYPES, device=device)
     if transition.dim() == 2:
         validate.shape("transition", transition, (C, C), "(C, C)")
     else:
         validate.shape("transition", transition, (K, C, C), "(K, C, C)")
-    checks.finite("transition", transition, allow_neg_inf=True)
-    duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=(dtype,), device=device)
+    duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=INPUT_DTYPES, device=device)
     validate.shape("duration_bias", duration_bias, (K, C), "(K, C)")
-    checks.finite("duration_bias", duration_bias, allow_neg_inf=True)
-    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device, checks)
     for name, proj in (("proj_start", proj_start), ("proj_end", proj_end)):
         if proj is not None:
-            validate.tensor(name, proj, ndim=3, dtypes=(dtype,), device=device)
+            validate.tensor(name, proj, ndim=3, dtypes=INPUT_DTYPES, device=device)
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
+    floats = (cum_scores, transition, duration_bias, proj_start, proj_end)
+    dtype = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in floats) else torch.float32
+    cum_scores, transition, duration_bias, proj_start, proj_end = (None if x is None else x.to(dtype) for x in floats)
+    checks = validate.DataChecks(at_sync_point=at_sync_point)
+    checks.finite("cum_scores", cum_scores)
+    checks.finite("transition", transition, allow_neg_inf=True)
+    checks.finite("duration_bias", duration_bias, allow_neg_inf=True)
+    for name, proj in (("proj_start", proj_start), ("proj_end", proj_end)):
+        if proj is not None:
             checks.finite(name, proj, allow_neg_inf=True)
-    checks.verify()
-    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device, checks)
+    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=checks.flag())
 
 
 def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
               use_triton) -> StreamingCall:
-    """Validate every argument (naming it on error) and bundle them into a :class:`StreamingCall`."""
+    """Validate every argument (naming it on error, see :func:`check_scores`) and bundle them into a
+    :class:`StreamingCall`. ``op="viterbi"`` reads its value checks on the host wherever possible (its results
+    become Python values anyway)."""
     op = validate.choice("op", op, OPS)
     semiring = validate.choice("semiring", semiring, SEMIRINGS)
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
-    scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end,
+                          at_sync_point=op == "viterbi")
     return StreamingCall(**vars(scores), op=op, semiring=semiring, use_triton=use_triton)
 
 

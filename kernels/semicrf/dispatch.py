@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 
 from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
-from provable_kernels.semicrf import torch_ops, triton_ops
-from provable_kernels.semicrf.autograd import log_partition, max_partition
+from provable_kernels import validate
+from provable_kernels.semicrf import autograd
 from provable_kernels.semicrf.call import OPS, SEMIRINGS, StreamingCall, make_call
 from provable_kernels.semicrf.structures import ViterbiResult, to_result
 
@@ -53,42 +53,42 @@ GRAD = Condition("grad", ask_grad, ("infer", "train"))
 
 def torch_partition_infer(call: StreamingCall) -> torch.Tensor:
     """PyTorch ring-buffer recursion, no autograd graph (log or max semiring)."""
-    return torch_ops.partition(call)
+    return autograd.partition("torch", call)
 
 
 def torch_log_train(call: StreamingCall) -> torch.Tensor:
     """PyTorch forward with checkpoints; hand-written backward recomputes from them (log semiring)."""
-    return log_partition(torch_ops, call)
+    return autograd.log_partition("torch", call)
 
 
 def torch_max_train(call: StreamingCall) -> torch.Tensor:
     """PyTorch Viterbi forward; the gradient is the indicator of the decoded best path (max semiring)."""
-    return max_partition(torch_ops, call)
+    return autograd.max_partition("torch", call)
 
 
 def torch_viterbi(call: StreamingCall):
     """PyTorch max recursion with backpointers, then backtracking."""
-    return torch_ops.viterbi(call)
+    return autograd.viterbi("torch", call)
 
 
 def triton_partition_infer(call: StreamingCall) -> torch.Tensor:
     """Triton streaming forward kernel, no autograd graph (log or max semiring)."""
-    return triton_ops.partition(call)
+    return autograd.partition("triton", call)
 
 
 def triton_log_train(call: StreamingCall) -> torch.Tensor:
     """Triton forward saving ring-buffer checkpoints; hand-written Triton backward (log semiring)."""
-    return log_partition(triton_ops, call)
+    return autograd.log_partition("triton", call)
 
 
 def triton_max_train(call: StreamingCall) -> torch.Tensor:
     """Triton Viterbi kernel; the gradient is the indicator of the decoded best path (max semiring)."""
-    return max_partition(triton_ops, call)
+    return autograd.max_partition("triton", call)
 
 
 def triton_viterbi(call: StreamingCall):
     """Triton max recursion writing backpointers, then a Triton backtracking kernel."""
-    return triton_ops.viterbi(call)
+    return autograd.viterbi("triton", call)
 
 
 def _partition_subtree(backend: str, infer, log_train, max_train) -> Branch:
@@ -141,16 +141,31 @@ def semi_crf_streaming_forward(
     proj_end: Optional[torch.Tensor] = None,
     use_triton: bool = True,
 ) -> torch.Tensor:
-    """Semi-CRF partition (``semiring="log"``: logZ) or best score (``"max"``) per sequence, shape (B,).
+    """Semi-CRF partition (``semiring="log"``: logZ) or best score (``"max"``) per sequence.
 
-    Edges are computed on the fly from ``cum_scores``; live state is O(K*C) per sequence. Differentiable in all
-    five tensors (hand-written backward). Runs the Triton kernels on CUDA (or under the Triton interpreter) when
-    ``use_triton``, otherwise the PyTorch recursion. Output dtype is the input dtype. A sequence with no
-    segmentation of finite score (e.g. every transition -inf) gets -inf and zero gradients.
+    Arguments (conventions in :mod:`provable_kernels.semicrf.call`):
+
+    - ``cum_scores`` (B, T+1, C), ``transition`` (C, C) or (K, C, C), ``duration_bias`` (K, C), ``proj_start`` /
+      ``proj_end`` (B, T, C) or None: float16, bfloat16, float32 or float64, each its own (mixed dtypes allowed,
+      e.g. from ``torch.autocast``), all on one device; computed in float64 when any is float64, else float32.
+    - ``lengths`` (B,) int32 or int64 in 1..T; ``K`` int >= 1 (durations 1..K); ``semiring`` ``"log"`` or
+      ``"max"``; ``use_triton`` bool (False: the PyTorch recursion).
+
+    Returns (B,) in the compute dtype (float32 or float64). Differentiable in every float argument (first order:
+    differentiating the gradient again raises ``SecondOrderError``); gradients come back in each argument's dtype.
+    ``log``: hand-written backward (marginals); ``max``: the indicator of the decoded best path.
+
+    Edges are computed on the fly from ``cum_scores``; live state is O(K*C) per sequence. Runs the Triton kernels on
+    CUDA (or on the CPU under ``TRITON_INTERPRET=1`` set before the first import) when ``use_triton``. A sequence
+    with no segmentation of finite score (e.g. every transition -inf) gets -inf and zero gradients. Works under
+    ``torch.compile(fullgraph=True)``, CUDA-graph capture and with meta/fake tensors (custom ops); not under
+    ``torch.func`` transforms (a clear error). Value errors (NaN/+inf, lengths out of range) follow the host-sync
+    policy (site page "Host syncs and value checks"): a named ``ValueError`` on the CPU, NaN outputs and gradients
+    on CUDA and under compile/capture.
     """
     call = make_call("partition", cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
                      use_triton)
-    return TREE.dispatch(call)
+    return validate.poison(call.ok, TREE.dispatch(call))
 
 
 def semi_crf_viterbi(
@@ -163,8 +178,16 @@ def semi_crf_viterbi(
     proj_end: Optional[torch.Tensor] = None,
     use_triton: bool = True,
 ) -> ViterbiResult:
-    """Best segmentation per sequence: ``(scores (B,), segments)`` with ``segments[b]`` a list of
-    :class:`~provable_kernels.semicrf.structures.Segment`. Ties go to the shorter duration, then the smaller label."""
+    """Best segmentation per sequence, as a :class:`~provable_kernels.semicrf.structures.ViterbiResult`:
+    ``scores`` (B,) in the compute dtype (float32, or float64 when any argument is float64) and ``segments[b]`` a
+    list of :class:`~provable_kernels.semicrf.structures.Segment` (start, end, label, score; Python values).
+
+    Arguments as for :func:`semi_crf_streaming_forward` (float16/bfloat16/float32/float64 scores, ``lengths`` (B,)
+    int32/int64 in 1..T, ``K`` >= 1). No gradient. Ties go to the shorter duration, then the smaller label. It
+    reads its results on the host, so value errors are named ``ValueError`` on every device (not under compile or
+    capture, where Python segments cannot be built anyway).
+    """
     call = make_call("viterbi", cum_scores, transition, duration_bias, lengths, K, "max", proj_start, proj_end,
                      use_triton)
-    return to_result(call, TREE.dispatch(call))
+    path = TREE.dispatch(call)
+    return to_result(call, path._replace(scores=validate.poison(call.ok, path.scores)))

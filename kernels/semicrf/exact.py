@@ -20,7 +20,7 @@ import torch
 
 from provable_kernels import validate
 from provable_kernels.semicrf.call import check_scores
-from provable_kernels.semiring import Log, Max, Semiring
+from provable_kernels.semiring import KMax, Log, Max, Semiring
 
 Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
@@ -33,8 +33,10 @@ def edges_from_streaming(
     proj_start: Optional[torch.Tensor] = None,
     proj_end: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The edge tensor (B, T, K, C, C) of the streaming parameters (same shapes and convention as
-    ``semi_crf_streaming_forward``). Differentiable; dtype of ``cum_scores``.
+    """The edge tensor (B, T, K, C, C) of the streaming parameters: ``cum_scores`` (B, T+1, C), ``transition``
+    (C, C) or (K, C, C), ``duration_bias`` (K, C), ``proj_start`` / ``proj_end`` (B, T, C) or None, ``K`` int
+    (same convention as ``semi_crf_streaming_forward``; float16/bfloat16/float32/float64 arguments). Returns the
+    compute dtype (float64 when any argument is float64, else float32); differentiable.
 
     ``edge[b, s, d-1, c_prev, c] = cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c]
     + proj_end[s+d-1, c] + trans(d)[c_prev, c]``, without the transition at s = 0 (every row there holds the
@@ -59,7 +61,7 @@ def edges_from_streaming(
     trans = call.transition if call.transition.dim() == 3 else call.transition.expand(K, -1, -1)  # (K, C, C)
     edge = segment[..., None, :] + trans  # (B, T, K, C, C)
     first = segment[:, :1, :, None, :].expand(-1, -1, -1, call.C, -1)
-    return torch.cat([first, edge[:, 1:]], dim=1)
+    return validate.poison(call.ok, torch.cat([first, edge[:, 1:]], dim=1))
 
 
 def _edge(name: str, edge: object, log_space: bool) -> torch.Tensor:
@@ -76,12 +78,21 @@ class SemiMarkov:
 
     ``SemiMarkov(Log()).logpartition(edge, lengths)`` is log Z (B,); ``Max()`` the best score; ``KMax(k)`` the k
     best (k, B); ``Entropy()`` H(p); ``Counting()`` takes real weights (e.g. ``edge.exp()``);
-    ``CrossEntropy()`` / ``KLDivergence()`` take ``edge=(edge_p, edge_q)``.
+    ``CrossEntropy()`` / ``KLDivergence()`` take ``edge=(edge_p, edge_q)``. As in torch-struct, the semiring may
+    be given as the class itself: ``SemiMarkov(LogSemiring)`` (``KMaxSemiring`` needs ``k``: an instance).
+
+    ``edge`` (B, T, K, C, C) float32/float64 (a pair of them for CrossEntropy / KLDivergence), ``lengths`` (B,)
+    int32/int64 in 1..T; results in the dtype of ``edge``.
     """
 
-    def __init__(self, semiring: Semiring):
+    def __init__(self, semiring: Union[Semiring, type]):
+        if isinstance(semiring, type) and issubclass(semiring, Semiring):
+            if semiring is KMax:
+                raise TypeError("semiring: KMax needs k: pass an instance such as KMaxSemiring(3)")
+            semiring = semiring()  # the class itself, as torch-struct and the original library write it
         if not isinstance(semiring, Semiring):
-            raise TypeError(f"semiring must be a Semiring instance such as Log() or KMax(3), got {semiring!r}")
+            raise TypeError(f"semiring must be a Semiring class or instance such as LogSemiring, Log() or KMax(3), "
+                            f"got {semiring!r}")
         self.semiring = semiring
 
     def _validate(self, edge: Edge, lengths: object) -> tuple[Edge, torch.Tensor]:
@@ -101,7 +112,9 @@ class SemiMarkov:
         return edge, validate.lengths("lengths", lengths, B, T, first.device).long()
 
     def logpartition(self, edge: Edge, lengths: torch.Tensor) -> torch.Tensor:
-        """⊕ over the segmentations of [0, L_b) of the ⊗ of their edges: (B,), or (k, B) for KMax(k).
+        """⊕ over the segmentations of [0, L_b) of the ⊗ of their edges: (B,), or (k, B) for KMax(k), in the dtype
+        of ``edge`` (B, T, K, C, C) float32/float64 (a pair for CrossEntropy / KLDivergence); ``lengths`` (B,)
+        int32/int64 in 1..T.
 
         alpha[0] = one on the virtual start row 0; alpha[t, c] = ⊕_{d, c_prev} alpha[t-d, c_prev] ⊗
         edge[t-d, d-1, c_prev, c]; result ⊕_c alpha[L_b, c]. Differentiable.
@@ -122,7 +135,8 @@ class SemiMarkov:
         return sr.unconvert(sr.sum(final, dim=1))
 
     def marginals(self, edge: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """d logpartition / d edge, same shape as ``edge`` (not differentiable itself).
+        """d logpartition / d edge: same shape (B, T, K, C, C) and dtype as ``edge`` (float32/float64), ``lengths``
+        (B,) int32/int64 in 1..T (not differentiable itself).
 
         Log: P(segment [s, s+d) with label c entered from c_prev) (at s = 0 only row 0 is non-zero); a sequence
         with no allowed segmentation (log Z = -inf) gets zeros. Max: the indicator of the best segmentation when

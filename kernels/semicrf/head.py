@@ -23,7 +23,7 @@ from torch import nn
 from provable_kernels import validate
 from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.scoring import path_score, starts_from_labels
+from provable_kernels.semicrf.scoring import check_segmentation, label_starts, segmentation_score
 from provable_kernels.semicrf.structures import ViterbiResult
 from provable_kernels.semiring import Counting, Entropy, KMax, Log, Max, Semiring
 
@@ -81,18 +81,27 @@ class SemiMarkovCRFHead(nn.Module):
                 f"transition={self.transition_kind!r}, exact_max_bytes={self.exact_max_bytes}, "
                 f"use_triton={self.use_triton}")
 
-    def streaming_inputs(self, hidden: torch.Tensor, lengths: torch.Tensor):
-        """``(cum_scores (B, T+1, C), transition, duration_bias, lengths)`` for ``hidden`` (B, T, H), validated."""
+    def streaming_inputs(self, hidden: torch.Tensor, lengths: torch.Tensor,
+                         checks: Optional[validate.DataChecks] = None):
+        """``(cum_scores (B, T+1, C), transition, duration_bias, lengths)`` for ``hidden`` (B, T, H) and ``lengths``
+        (B,) int32/int64, validated with errors naming ``hidden`` / ``lengths``. ``cum_scores``, ``transition``
+        and ``duration_bias`` are float64 when the label scores are float64, else float32 (float16 / bfloat16
+        hidden states, e.g. under ``torch.autocast``, are computed in float32). Value checks join ``checks`` when
+        given (else they run now; see the host-sync policy)."""
         device = self.duration_bias.device
         hidden = validate.tensor("hidden", hidden, ndim=3, dtypes=HIDDEN_DTYPES, device=device)
         B, T, features = hidden.shape
-        if self.projection is not None:
+        if self.projection is not None and not torch.is_autocast_enabled(device.type):
             validate.tensor("hidden", hidden, dtypes=(self.projection.weight.dtype,))
         expected = self.num_classes if self.projection is None else self.projection.in_features
         if T < 1 or features != expected:
             raise ValueError(f"hidden must have shape (B, T, {expected}) with T >= 1, got {tuple(hidden.shape)}")
-        lengths = validate.lengths("lengths", lengths, B, T, device)
+        pending = checks if checks is not None else validate.DataChecks()
+        lengths = validate.lengths("lengths", lengths, B, T, device, pending)
         scores = hidden if self.projection is None else self.projection(hidden)
+        pending.finite("hidden" if self.projection is None else "hidden (label scores after the projection)", scores)
+        if checks is None:
+            pending.verify()
         dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
         scores = scores.to(dtype)
         cum_scores = torch.cat([scores.new_zeros(B, 1, self.num_classes), scores.cumsum(dim=1)], dim=1)
@@ -125,12 +134,17 @@ class SemiMarkovCRFHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lengths: torch.Tensor, backend: str = "auto",
                 semiring: str = "log") -> torch.Tensor:
-        """Partition per sequence under ``semiring`` (see the module docstring): (B,), or (k, B) for ``"kmax:k"``.
+        """Partition per sequence under ``semiring`` (see the module docstring): (B,), or (k, B) for ``"kmax:k"``,
+        float32 (float64 when the label scores are float64). ``hidden`` (B, T, H) float16/bfloat16/float32/float64
+        (H = hidden_dim, or C without a projection), ``lengths`` (B,) int32/int64 in 1..T.
 
         ``backend="auto"`` takes the streaming API for log / max and the exact backend otherwise (a ValueError
         when its edge tensor exceeds ``exact_max_bytes``).
         """
-        return self._partition(self.streaming_inputs(hidden, lengths), backend, semiring)
+        checks = validate.DataChecks()
+        inputs = self.streaming_inputs(hidden, lengths, checks)
+        ok = checks.flag()
+        return validate.poison(ok, self._partition(inputs, backend, semiring))
 
     def compute_loss(
         self,
@@ -143,30 +157,50 @@ class SemiMarkovCRFHead(nn.Module):
     ) -> torch.Tensor:
         """Negative log-likelihood ``log Z - score(gold)`` of the gold segmentation.
 
-        ``labels`` (B, T) int64 per position; ``starts`` (B, T) bool marks segment starts (None: a new segment
-        wherever the label changes). ``reduction``: ``"mean"`` / ``"sum"`` over the batch, or ``"none"`` (B,).
+        ``hidden`` (B, T, H) float16/bfloat16/float32/float64 and ``lengths`` (B,) int32/int64 in 1..T as for
+        :meth:`forward`; ``labels`` (B, T) int64/int32 per position; ``starts`` (B, T) bool marks segment starts
+        (None: a new segment wherever the label changes). ``reduction``: ``"mean"`` / ``"sum"`` over the batch (a
+        0-d tensor; ``"mean"`` of an empty batch is a ValueError), or ``"none"`` (B,). float32 (float64 for
+        float64 label scores); first-order differentiable (with ``backend="exact"``, second order too).
         The NLL is >= 0 up to rounding and ``exp(-NLL)`` sums to 1 over all segmentations; it is returned as
         computed, never clamped (a clamp would hide an unnormalised loss and zero its gradient).
         An invalid gold (run longer than K, labels changing inside a segment, labels outside 0..C-1) or a gold the
-        model forbids (score -inf) is a ValueError.
+        model forbids (score -inf) is a ValueError naming ``labels`` / ``starts`` (NaN loss and gradients under
+        device-mode value checks: CUDA, compile, capture; see the host-sync policy).
         """
         reduction = validate.choice("reduction", reduction, ("mean", "sum", "none"))
-        inputs = self.streaming_inputs(hidden, lengths)
+        if reduction == "mean" and isinstance(hidden, torch.Tensor) and hidden.dim() == 3 and hidden.shape[0] == 0:
+            raise ValueError("hidden: reduction='mean' over an empty batch (B = 0) is undefined; use reduction='sum' "
+                             "(0 for an empty batch) or 'none'")
+        checks = validate.DataChecks()
+        inputs = self.streaming_inputs(hidden, lengths, checks)
         cum_scores, transition, duration_bias, lengths = inputs
+        B, T = cum_scores.shape[0], cum_scores.shape[1] - 1
         labels = validate.tensor("labels", labels, ndim=2, dtypes=(torch.int64, torch.int32), device=cum_scores.device)
-        validate.shape("labels", labels, (cum_scores.shape[0], cum_scores.shape[1] - 1), "(B, T)")
+        validate.shape("labels", labels, (B, T), "(B, T)")
+        labels = labels.long()
         if starts is None:
-            starts = starts_from_labels(labels, lengths)
-        gold = path_score(cum_scores, transition, duration_bias, lengths, starts, labels)
+            starts = label_starts(labels, lengths)
+        starts = validate.tensor("starts", starts, ndim=2, dtypes=(torch.bool,), device=cum_scores.device)
+        validate.shape("starts", starts, (B, T), "(B, T)")
+        check_segmentation(checks, starts, labels, lengths, self.max_duration, self.num_classes)
+        labels = labels.clamp(0, self.num_classes - 1)  # in range even where device-mode checks poison the loss
+        gold = segmentation_score(cum_scores, transition, duration_bias, lengths, starts, labels)
         forbidden = gold == -math.inf
-        if bool(forbidden.any()):
-            b = int(forbidden.nonzero()[0])
-            raise ValueError(f"labels: the gold segmentation of sequence {b} has score -inf (it uses a transition or "
-                             f"duration the model forbids)")
-        nll = self._partition(inputs, backend, "log") - gold
+        checks.expect(~forbidden.any(), lambda: f"labels: the gold segmentation of sequence "
+                      f"{int(forbidden.nonzero()[0])} has score -inf (it uses a transition or duration the model "
+                      f"forbids)")
+        ok = checks.flag()
+        nll = validate.poison(ok, self._partition(inputs, backend, "log") - gold)
         return nll if reduction == "none" else getattr(nll, reduction)()
 
     @torch.no_grad()
     def decode(self, hidden: torch.Tensor, lengths: torch.Tensor) -> ViterbiResult:
-        """Best segmentation per sequence (``semi_crf_viterbi``): scores (B,) and segments; no gradient."""
-        return semi_crf_viterbi(*self.streaming_inputs(hidden, lengths), self.max_duration, use_triton=self.use_triton)
+        """Best segmentation per sequence (``semi_crf_viterbi``): a :class:`ViterbiResult` with ``scores`` (B,)
+        float32 (float64 for float64 label scores) and ``segments[b]`` a list of
+        :class:`~provable_kernels.semicrf.structures.Segment`; no gradient. ``hidden`` (B, T, H) and ``lengths``
+        (B,) as for :meth:`forward`. Value errors are named (it reads results on the host anyway)."""
+        checks = validate.DataChecks(at_sync_point=True)
+        inputs = self.streaming_inputs(hidden, lengths, checks)
+        checks.flag()
+        return semi_crf_viterbi(*inputs, self.max_duration, use_triton=self.use_triton)

@@ -36,10 +36,13 @@ def starts_from_labels(labels: torch.Tensor, lengths: torch.Tensor) -> torch.Ten
     """
     labels = validate.tensor("labels", labels, ndim=2, dtypes=(torch.int64, torch.int32))
     B, T = labels.shape
-    lengths = validate.lengths("lengths", lengths, B, T, labels.device)
-    change = torch.ones_like(labels, dtype=torch.bool)
-    change[:, 1:] = labels[:, 1:] != labels[:, :-1]
-    return change & _positions(lengths, T)
+    return label_starts(labels, validate.lengths("lengths", lengths, B, T, labels.device))
+
+
+def label_starts(labels: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """:func:`starts_from_labels` for arguments already validated."""
+    change = torch.cat([torch.ones_like(labels[:, :1], dtype=torch.bool), labels[:, 1:] != labels[:, :-1]], 1)
+    return change & _positions(lengths, labels.shape[1])
 
 
 def _segment_ends(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -54,29 +57,57 @@ def _segment_ends(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([next_at_or_after[:, 1:], lengths[:, None]], dim=1)
 
 
-def _check_segmentation(starts, labels, lengths, ends, K: int, C: int) -> None:
-    """Raise ValueError (naming the argument) unless starts/labels describe a segmentation with durations 1..K."""
+def check_segmentation(checks: validate.DataChecks, starts, labels, lengths, K: int, C: int) -> None:
+    """Queue on ``checks`` (one decision for all, see :class:`~provable_kernels.validate.DataChecks`) that
+    starts/labels describe a segmentation with durations 1..K; each failure is a ValueError naming the argument."""
     inside = _positions(lengths, starts.shape[1])
-    if not bool(starts[:, 0].all()):
-        b = int((~starts[:, 0]).nonzero()[0])
-        raise ValueError(f"starts[{b}, 0] must be True: the first position always starts a segment")
-    bad = inside & ((labels < 0) | (labels >= C))
-    if bool(bad.any()):
-        b, t = bad.nonzero()[0].tolist()
-        raise ValueError(f"labels must lie in 0..{C - 1} inside each sequence, got {int(labels[b, t])} at [{b}, {t}]")
+    ends = _segment_ends(starts, lengths)
+
+    def first(bad: torch.Tensor) -> tuple[int, ...]:
+        return tuple(bad.nonzero()[0].tolist())
+
+    checks.expect(starts[:, 0].all(), lambda: f"starts[{first(~starts[:, 0])[0]}, 0] must be True: the first "
+                                              f"position always starts a segment")
+    bad_label = inside & ((labels < 0) | (labels >= C))
+    checks.expect(~bad_label.any(), lambda: "labels must lie in 0..{} inside each sequence, got {} at [{}, {}]".format(
+        C - 1, int(labels[first(bad_label)]), *first(bad_label)))
     changed = torch.zeros_like(starts)
     changed[:, 1:] = labels[:, 1:] != labels[:, :-1]
-    bad = inside & changed & ~starts
-    if bool(bad.any()):
-        b, t = bad.nonzero()[0].tolist()
-        raise ValueError(f"labels must be constant within a segment: labels[{b}, {t}] differs from labels[{b}, {t - 1}]"
-                         f" but starts[{b}, {t}] is False")
+    bad_change = inside & changed & ~starts
+    checks.expect(~bad_change.any(), lambda: "labels must be constant within a segment: labels[{0}, {1}] differs from "
+                  "labels[{0}, {2}] but starts[{0}, {1}] is False".format(*first(bad_change), first(bad_change)[1] - 1))
     durations = ends - torch.arange(starts.shape[1], device=starts.device)
-    bad = inside & starts & (durations > K)
-    if bool(bad.any()):
-        b, t = bad.nonzero()[0].tolist()
-        raise ValueError(f"starts/labels: the segment [{t}, {int(ends[b, t])}) of sequence {b} has duration "
-                         f"{int(durations[b, t])} > K = {K} (a gold run longer than K cannot be scored)")
+    too_long = inside & starts & (durations > K)
+    checks.expect(~too_long.any(), lambda: "starts/labels: the segment [{1}, {2}) of sequence {0} has duration {3} > "
+                  "K = {4} (a gold run longer than K cannot be scored)".format(
+                      *first(too_long), int(ends[first(too_long)]), int(durations[first(too_long)]), K))
+
+
+def segmentation_score(cum_scores, transition, duration_bias, lengths, starts, labels, proj_start=None,
+                       proj_end=None) -> torch.Tensor:
+    """:func:`path_score` without any validation, for segmentations that are valid by construction (a decoded
+    path): the same shapes, (B,) in ``cum_scores.dtype``."""
+    B, T, C = cum_scores.shape[0], cum_scores.shape[1] - 1, cum_scores.shape[2]
+    device = cum_scores.device
+    lengths = lengths.long()
+    labels = labels.long()
+    ends = _segment_ends(starts, lengths)
+    chosen = starts & _positions(lengths, T)  # one entry per segment, at its start s
+    s = torch.arange(T, device=device).expand(B, T)
+    c = torch.where(chosen, labels, 0)
+    e = torch.where(chosen, ends, s + 1)  # dummy duration 1 where unused keeps every index in range
+    d = e - s
+    batch = torch.arange(B, device=device)[:, None]
+    row = (d - 1).clamp(max=duration_bias.shape[0] - 1)  # a no-op on valid paths; in range on poisoned ones
+    terms = cum_scores[batch, e, c] - cum_scores[batch, s, c] + duration_bias[row, c]
+    if proj_start is not None:
+        terms = terms + proj_start[batch, s, c]
+    if proj_end is not None:
+        terms = terms + proj_end[batch, e - 1, c]
+    prev = torch.cat([torch.zeros_like(c[:, :1]), labels[:, :-1].clamp(0, C - 1)], dim=1)
+    trans = transition[row, prev, c] if transition.dim() == 3 else transition[prev, c]
+    terms = terms + torch.where(s > 0, trans, torch.zeros_like(trans))
+    return torch.where(chosen, terms, torch.zeros_like(terms)).sum(dim=1)
 
 
 def path_score(
@@ -89,12 +120,15 @@ def path_score(
     proj_start: Optional[torch.Tensor] = None,
     proj_end: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Score (B,) of the segmentation given by ``starts`` (B, T) bool and ``labels`` (B, T) int64.
+    """Score (B,) of the segmentation given by ``starts`` (B, T) bool and ``labels`` (B, T) int64 or int32.
 
-    Shapes as for ``semi_crf_streaming_forward`` with K = ``duration_bias.shape[0]``. Differentiable in every float
-    tensor; output dtype is ``cum_scores.dtype``. Raises ValueError if the path is not a segmentation with
-    durations 1..K (``starts[b, 0]`` False, labels changing inside a segment, labels outside 0..C-1, a segment
-    longer than K). A -inf transition or bias on the path gives -inf.
+    ``cum_scores`` (B, T+1, C), ``transition`` (C, C) or (K, C, C), ``duration_bias`` (K, C), ``lengths`` (B,)
+    int32/int64, ``proj_start``/``proj_end`` (B, T, C) or None, as for ``semi_crf_streaming_forward`` with
+    K = ``duration_bias.shape[0]`` (float16/bfloat16/float32/float64, computed in float32 or float64).
+    Differentiable in every float tensor; output dtype is the compute dtype. Raises ValueError if the path is not
+    a segmentation with durations 1..K (``starts[b, 0]`` False, labels changing inside a segment, labels outside
+    0..C-1, a segment longer than K); under device-mode value checks (CUDA, compile, capture) such a path gives
+    NaN instead (see the host-sync policy). A -inf transition or bias on the path gives -inf.
     """
     duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=validate.FLOAT_DTYPES)
     if duration_bias.shape[0] < 1:
@@ -107,22 +141,9 @@ def path_score(
     validate.shape("starts", starts, (B, T), "(B, T)")
     labels = _labels(labels, B, T, device)
     lengths = call.lengths.long()
-    ends = _segment_ends(starts, lengths)
-    _check_segmentation(starts, labels, lengths, ends, K, C)
-
-    chosen = starts & _positions(lengths, T)  # one entry per segment, at its start s
-    s = torch.arange(T, device=device).expand(B, T)
-    c = torch.where(chosen, labels, 0)
-    e = torch.where(chosen, ends, s + 1)  # dummy duration 1 where unused keeps every index in range
-    d = e - s
-    batch = torch.arange(B, device=device)[:, None]
-    cum = call.cum_scores
-    terms = cum[batch, e, c] - cum[batch, s, c] + call.duration_bias[d - 1, c]
-    if call.proj_start is not None:
-        terms = terms + call.proj_start[batch, s, c]
-    if call.proj_end is not None:
-        terms = terms + call.proj_end[batch, e - 1, c]
-    prev = torch.cat([torch.zeros_like(c[:, :1]), labels[:, :-1].clamp(0, C - 1)], dim=1)
-    trans = call.transition[d - 1, prev, c] if call.transition.dim() == 3 else call.transition[prev, c]
-    terms = terms + torch.where(s > 0, trans, torch.zeros_like(trans))
-    return torch.where(chosen, terms, torch.zeros_like(terms)).sum(dim=1)
+    checks = validate.DataChecks()
+    check_segmentation(checks, starts, labels, lengths, K, C)
+    ok = checks.flag()
+    score = segmentation_score(call.cum_scores, call.transition, call.duration_bias, lengths, starts,
+                               labels.clamp(0, C - 1), call.proj_start, call.proj_end)
+    return validate.poison(ok, validate.poison(call.ok, score))

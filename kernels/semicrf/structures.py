@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import torch
 
+from provable_kernels import validate
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -34,7 +36,12 @@ class ViterbiResult(NamedTuple):
 
     def padded(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The same paths as tensors for export: ``labels`` (B, T) int64 with -1 past each length, and
-        ``starts`` (B, T) bool marking the first position of each segment."""
+        ``starts`` (B, T) bool marking the first position of each segment, on the device of ``scores``. ``T``
+        must be at least the longest path (ValueError otherwise)."""
+        T = validate.positive_int("T", T)
+        longest = max((path[-1].end for path in self.segments if path), default=0)
+        if T < longest:
+            raise ValueError(f"T must be >= the longest path ({longest}), got {T}")
         B = len(self.segments)
         labels = torch.full((B, T), -1, dtype=torch.int64)
         starts = torch.zeros((B, T), dtype=torch.bool)

@@ -17,10 +17,16 @@ offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T
   with a float32 chain (an error random walk), ~2e-7 with the float64 one (run 3); Viterbi's max chain and
   backpointers stay exactly those of the float64 recursion.
 
-float32 is left where errors cannot accumulate (O(1) marginals, sums within one checkpoint interval; 3-D
-transitions' per-duration reduction over the previous label). Requirement: at T = 100,000, logZ within 1e-6
-relative of a float64 computation and gradients within 1e-4 norm-wise relative. float64 inputs run in float64
-throughout.
+On the training routes the kernels' working dtype ``FT`` (values relative to an offset, marginals, the 3-D
+transitions' reduction over the previous label, the interval and a-value buffers) is float64 too: with float32 it
+was O(1) only for moderate scores, and the exponent of a marginal, a sum of float32 terms as large as the scores,
+lost ~1e-7 x |scores| absolutely (norm-wise gradient error 4.5e-4 at score scale 1e4, 5e-2 at 1e6). With
+float64 the error no longer grows with the magnitude (tests/test_semicrf_training.py; the accuracy-vs-scale table
+of benchmarks/gpu_semicrf_training.py): gradients within 1e-4 norm-wise relative and logZ within 1e-6 relative of
+a float64 run for scores, transitions and duration biases up to 1e4 and, as measured, beyond (1e6); float32
+remains only in the inference chain and in the gradients' output dtype. Requirement: at T = 100,000, logZ within
+1e-6 relative of a float64 computation and gradients within 1e-4 norm-wise relative. float64 inputs run in
+float64 throughout.
 
 Guards: -inf transitions / duration biases never give NaN (every logsumexp shift is guarded); a sequence with no
 segmentation of finite score gets logZ = -inf and zero gradients; its Viterbi score is -inf with some valid
@@ -29,7 +35,7 @@ segmentation.
 Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T, S = ceil(sqrt(T*(K+1)))):
 
 - ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
-- ``forward_checkpointed`` saves the ring every S steps: (T//S + 1)*(K+1)*C float64 (+ as many float32 a-values
+- ``forward_checkpointed`` saves the ring every S steps: (T//S + 1)*(K+1)*C float64 (+ as many float64 a-values
   for 3-D transitions).
 - ``backward`` adds an interval buffer (S+1)*C, rings 3*(K+1)*C and float64 per-sequence partial sums
   K*C + C*C (3-D: K*C*C): O(sqrt(T*K)*C + K*C) besides the gradients themselves (O(K*C*C) with 3-D transitions).
@@ -99,6 +105,7 @@ class _Plan:
     warps: int
     backward_warps: int
     trans_3d: bool
+    work_dtype: torch.dtype  # kernel ``FT``: float64 on the training routes, else the input dtype
 
     @property
     def ring_size(self) -> int:
@@ -112,8 +119,8 @@ class _Plan:
 
     @property
     def input_type(self):
-        """Kernel ``FT``: the Triton dtype of the inputs."""
-        return tl.float32 if self.cum.dtype == torch.float32 else tl.float64
+        """Kernel ``FT``: the Triton working dtype (``work_dtype``) of values kept relative to an offset."""
+        return tl.float32 if self.work_dtype == torch.float32 else tl.float64
 
     def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
         make = torch.zeros if zero else torch.empty
@@ -132,10 +139,12 @@ class _Plan:
         return (self.cum, self.trans, self.dur, self.cum if self.ps is None else self.ps,
                 self.cum if self.pe is None else self.pe, self.lengths)
 
-    def rings(self) -> tuple[Tensor, Tensor]:
-        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only)."""
-        ring_a = self.new(self.B, self.ring_size, self.C, dtype=self.cum.dtype) if self.trans_3d else self.cum
-        return self.new(self.B, self.ring_size, self.C, dtype=torch.float64), ring_a
+    def rings(self, zero: bool = False) -> tuple[Tensor, Tensor]:
+        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only); ``zero``-filled when they
+        are saved as checkpoints (slots not yet written at a checkpoint are copied too)."""
+        shape = (self.B, self.ring_size, self.C)
+        ring_a = self.new(*shape, dtype=self.work_dtype, zero=zero) if self.trans_3d else self.cum
+        return self.new(*shape, dtype=torch.float64, zero=zero), ring_a
 
 
 @functools.lru_cache(maxsize=1024)
@@ -147,15 +156,32 @@ def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool
                 DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk), num_warps=warps, num_stages=1)
 
 
+def checkpoint_interval(T: int, K: int) -> int:
+    """Kernel ``S`` = ceil(sqrt(T*(K+1))) for K = min(call's K, T): the spacing of the training forward's saved
+    rings (balances T/S saved rings of K+1 rows against an interval buffer of S rows)."""
+    return max(1, math.isqrt(T * (K + 1) - 1) + 1)
+
+
+def _interpreted() -> bool:
+    """Whether the kernels were created under the Triton interpreter (``TRITON_INTERPRET=1`` when this module was
+    first imported: ``@triton.jit`` decides at decoration time)."""
+    return not isinstance(semicrf_forward_kernel, triton.runtime.JITFunction)
+
+
 def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
     return None if x is None else x.contiguous()
 
 
-def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
+def _plan(call: object, semiring: Optional[str] = None, training: bool = False) -> _Plan:
+    """The plan of ``call``; ``training`` selects the float64 working dtype (module docstring, precision)."""
     call = require_call(call, semiring)
     if not triton_usable(call.cum_scores.device):
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
                          f"Triton backend, got {call.cum_scores.device}")
+    if call.cum_scores.device.type == "cpu" and not _interpreted():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after the semi-CRF Triton kernels were imported, so they were "
+                           "built for a GPU driver: set it before the first import of provable_kernels (e.g. in the "
+                           "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
     B, T, C = call.batch, call.T, call.C
     K = min(call.K, T)
     trans_3d = call.transition.dim() == 3
@@ -166,8 +192,9 @@ def _plan(call: object, semiring: Optional[str] = None) -> _Plan:
         cum=call.cum_scores.contiguous(), trans=(trans[:K] if capped and trans_3d else trans).contiguous(),
         dur=(dur[:K] if capped else dur).contiguous(), ps=_contiguous(call.proj_start),
         pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_requested=call.K,
-        checkpoint_interval=max(1, math.isqrt(T * (K + 1) - 1) + 1), durations_per_chunk=durations_per_chunk,
-        warps=warps, backward_warps=backward_warps, trans_3d=trans_3d)
+        checkpoint_interval=checkpoint_interval(T, K), durations_per_chunk=durations_per_chunk,
+        warps=warps, backward_warps=backward_warps, trans_3d=trans_3d,
+        work_dtype=torch.float64 if training else call.cum_scores.dtype)
 
 
 def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple[Tensor, ...]] = None,
@@ -175,7 +202,7 @@ def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Option
     """Run the forward kernel with the chain dtype ``chain`` (module docstring); ⊕_c alpha[L_b, c] (B,) in
     ``out_dtype``."""
     out = plan.new(plan.B, dtype=out_dtype)
-    ring, ring_a = plan.rings()
+    ring, ring_a = plan.rings(zero=checkpoints is not None)
     ck = checkpoints if checkpoints is not None else (ring, ring_a, out)
     bp = backpointers if backpointers is not None else (ring, ring, ring)
     semicrf_forward_kernel[(plan.B,)](
@@ -195,11 +222,12 @@ def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Ten
     """logZ (B,) in the input dtype and what :func:`backward` needs: ``(logZ float64 (B,), ring checkpoints
     (B, T//S+1, K+1, C) float64, a-value checkpoints (same shape, 3-D transitions only, else (1,)), offsets
     (B, T//S+1) float64)``, the ring saved after steps 0, S, 2S, ..."""
-    plan = _plan(call, "log")
+    plan = _plan(call, "log", training=True)
     shape = (plan.B, plan.checkpoint_count, plan.ring_size, plan.C)
-    ck_ring = plan.new(*shape, dtype=torch.float64)
-    ck_ring_a = plan.new(*shape, dtype=plan.cum.dtype) if plan.trans_3d else plan.new(1, dtype=plan.cum.dtype)
-    ck_offset = plan.new(plan.B, plan.checkpoint_count, dtype=torch.float64)
+    # zero-filled: a sequence shorter than T leaves its last slots unwritten, and op outputs must be deterministic
+    ck_ring = plan.new(*shape, dtype=torch.float64, zero=True)
+    ck_ring_a = plan.new(*(shape if plan.trans_3d else (1,)), dtype=plan.work_dtype, zero=True)
+    ck_offset = plan.new(plan.B, plan.checkpoint_count, dtype=torch.float64, zero=True)
     logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, ck_offset))
     return logZ.to(plan.cum.dtype), (logZ, ck_ring, ck_ring_a, ck_offset)
 
@@ -208,7 +236,7 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
     None for an absent projection, in the input dtype. Uses the float64 logZ in ``saved`` (the input-dtype
     ``logZ`` is not precise enough for the marginals at large T)."""
-    plan = _plan(call, "log")
+    plan = _plan(call, "log", training=True)
     dtype, device = plan.cum.dtype, plan.cum.device
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=device)
     validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
@@ -228,7 +256,7 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     part_trans = plan.new(plan.B, *trans_shape, dtype=torch.float64, zero=True)
     semicrf_backward_kernel[(plan.B,)](
         *plan.inputs(), logZ64, grad_logZ, ring, ring_a, ck_ring, ck_ring_a, ck_offset,
-        plan.new(plan.B, plan.checkpoint_interval + 1, plan.C, dtype=dtype),
+        plan.new(plan.B, plan.checkpoint_interval + 1, plan.C, dtype=plan.work_dtype),
         plan.new(plan.B, plan.checkpoint_interval + 1, dtype=torch.float64),
         plan.new(plan.B, plan.ring_size, plan.C, dtype=torch.float64),
         g_cum, g_cum if g_ps is None else g_ps, g_cum if g_pe is None else g_pe, part_dur, part_trans,
