@@ -27,7 +27,7 @@ def segment_forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str,
 
 
 @segment_forward.register_fake
-def _segment_forward_fake(x2, csr, ids, reduce, empty, want_arg):
+def _segment_forward_fake(x2, csr, ids, reduce, empty, want_arg):  # verify: unreached (fake tensors only: opcheck)
     S, D = csr.shape[0] - 1, x2.shape[1]
     with_arg = want_arg and reduce in ("max", "min")
     return x2.new_empty((S, D)), x2.new_empty((S, D) if with_arg else (0,), dtype=torch.int32)
@@ -40,7 +40,7 @@ def segment_backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Tens
 
 
 @segment_backward.register_fake
-def _segment_backward_fake(grad, csr, ids, arg, reduce, rows):
+def _segment_backward_fake(grad, csr, ids, arg, reduce, rows):  # verify: unreached (fake tensors only: opcheck)
     return grad.new_empty((rows, grad.shape[1]))
 
 

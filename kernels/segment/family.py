@@ -352,6 +352,18 @@ def _expect_empty(case: Case, outputs: Outputs) -> None:
         expect_close("grad_x", outputs["grad_x"], reference(case)["grad_x"], TOLERANCES[case.kwargs["x"].dtype])
 
 
+def _without_num_segments(case: Case) -> Case:
+    """The ids case without ``num_segments`` (its last segment is not empty, so S = ids[-1] + 1 is the same)."""
+    kw = {k: v for k, v in case.kwargs.items() if k != "num_segments"}
+    return Case(case.route_id, case.entry, kw, case.description + "; no num_segments", case.upstream, case.extra)
+
+
+def _expect_reference(case: Case, outputs: Outputs) -> None:
+    for name, want in reference(replace(case, kwargs={**case.kwargs,
+                                                      "num_segments": len(case.extra["shape"].lengths)})).items():
+        expect_close(name, outputs[name], want, TOLERANCES[case.kwargs["x"].dtype])
+
+
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one row block
 ADVERSARIAL = (
@@ -363,6 +375,9 @@ ADVERSARIAL = (
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
     Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
+    Adversarial("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
+                                                                   "segment.triton.*.train.ids"),
+                _without_num_segments, expect=_expect_reference),
 )
 
 
@@ -432,6 +447,8 @@ BAD_INPUTS = (
     _index_bad("ids", "on another device", lambda i: i.to("meta")),
     BadInput("num_segments", "a float", REDUCE_ONLY,
              lambda c: cases.replace_argument(_as_form(c, "ids"), "num_segments", 2.5, "2.5")),
+    BadInput("num_segments", "a bool", REDUCE_ONLY,
+             lambda c: cases.replace_argument(_as_form(c, "ids"), "num_segments", True, "True")),
     BadInput("num_segments", "negative", REDUCE_ONLY,
              lambda c: cases.replace_argument(_as_form(c, "ids"), "num_segments", -1, "-1")),
     BadInput("num_segments", "not offsets.numel() - 1", REDUCE_ONLY,
