@@ -30,7 +30,8 @@ def _labels(labels: object, batch: int, T: int, device: torch.device) -> torch.T
 
 
 def starts_from_labels(labels: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool segment starts for per-position ``labels`` (B, T): a new segment wherever the label changes.
+    """(B, T) bool segment starts for per-position ``labels`` (B, T) int32/int64 and ``lengths`` (B,) int32/int64
+    in 1..T: a new segment wherever the label changes.
 
     Position 0 always starts a segment; positions >= ``lengths[b]`` are False.
     """
