@@ -23,6 +23,11 @@ Executable part (run by :mod:`kernel_sentinel.verify`, once per route and per dt
 - ``oracles``: more independent computations (exact backend, brute force), each returning some of those names.
 - ``properties``: hypothesis properties; ``adversarial``: guard inputs; ``bad_inputs``: one wrong argument each.
 - ``dtypes``: the input dtypes the family supports, each verified; ``tolerances``: allowed error per dtype.
+
+Exceptions to the generic checks (:mod:`kernel_sentinel.generic`), declared where the contract needs them:
+``aliasing`` (an output that may share storage with an argument) and ``rejected_layouts`` (a view an argument
+may not be passed as). Site and verify output: ``failure_modes`` (symptom -> pages to read and the check that
+covers it) and ``known_issues`` (:class:`KnownIssue`; a plain string is shown unrated).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -175,6 +180,61 @@ class BadInput:
     make: Callable[[Case], Case]
 
 
+@dataclass(frozen=True)
+class Aliasing:
+    """A declared exception to the generic ``aliasing`` check: on the routes matching ``routes``, output
+    ``output`` may share storage with tensor argument ``argument``; ``why`` says why that is the contract."""
+
+    output: str
+    argument: str
+    routes: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class LayoutRejection:
+    """A declared exception to the generic ``layouts`` check: on the routes matching ``routes``, tensor argument
+    ``argument`` passed in layout ``layout`` (``transposed``, ``strided``, ``offset`` or ``expanded``) is rejected
+    with a ``ValueError``/``TypeError`` whose message starts with the argument's name; ``why`` says why."""
+
+    argument: str
+    layout: str
+    routes: tuple[str, ...]
+    why: str
+
+
+SYMPTOMS = ("NaN in the loss", "NaN in the backward", "wrong gradients", "out of memory", "backend mismatch",
+            "wrong route taken")
+
+
+@dataclass(frozen=True)
+class FailureMode:
+    """Where a symptom leads: the page and section to read first and a secondary page (paths relative to the
+    trace directory, e.g. ``semicrf/partition-triton.md#numerical-guards`` or ``guide/semicrf.md``; ``sentinel
+    trace`` fails when one does not resolve), and the guard or check that covers it. ``checks`` names the verify
+    checks whose failure on a route matching ``routes`` shows this symptom (``sentinel verify`` prints the entry
+    next to the reproduce command)."""
+
+    symptom: str
+    read_first: str
+    then: str
+    covered_by: str
+    checks: tuple[str, ...] = ()
+    routes: tuple[str, ...] = ("*",)
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """A known issue: what happens, how bad (``severity``), how often (``frequency``), what resolves or works
+    around it (``resolution``) and the commit that resolved it (empty while open)."""
+
+    text: str
+    severity: str
+    frequency: str
+    resolution: str
+    commit: str = ""
+
+
 @dataclass
 class Family:
     """A kernel family as sentinel sees it (see the module docstring for every field). ``dtypes`` lists the input
@@ -194,8 +254,11 @@ class Family:
     bad_inputs: Sequence[BadInput] = ()
     invariants: Sequence[Invariant] = ()
     guards: Sequence[Guard] = ()
-    known_issues: Sequence[str] = ()
+    known_issues: Sequence[Union[KnownIssue, str]] = ()
     dtypes: Sequence[torch.dtype] = (torch.float32,)
+    aliasing: Sequence[Aliasing] = ()
+    rejected_layouts: Sequence[LayoutRejection] = ()
+    failure_modes: Sequence[FailureMode] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]

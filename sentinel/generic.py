@@ -5,7 +5,7 @@ They catch the failures that agreement with a reference misses because the refer
 - ``inputs``: every tensor argument (and every upstream weight) is bitwise unchanged after the entry point's
   forward call, and after :attr:`Family.run` (forward and backward);
 - ``aliasing``: no output or gradient shares storage with a tensor argument, unless the family declares the pair
-  (:class:`Aliasing`);
+  (:class:`~kernel_sentinel.family.Aliasing`);
 - ``written``: under :func:`provable_kernels.alloc.poisoned` (every allocation made through
   :func:`provable_kernels.alloc.empty` filled with NaN / :data:`provable_kernels.alloc.POISON_INT`) the outputs
   and gradients are bitwise the same as without it, so no element is right only because of what the allocator
@@ -16,7 +16,7 @@ They catch the failures that agreement with a reference misses because the refer
   same values: bitwise, or within the family's tolerance (a kernel that copies into another layout may round
   differently). The gaps of the strided and offset views hold NaN / the poison integer, so a kernel that ignores a
   stride reads them. A view may be rejected only with a ``ValueError``/``TypeError`` whose message starts with the
-  argument's name, and only where the family declares it (:class:`LayoutRejection`).
+  argument's name, and only where the family declares it (:class:`~kernel_sentinel.family.LayoutRejection`).
 
 :class:`Probe` runs them on one :class:`~kernel_sentinel.family.Case`; the runs they share (the baseline) happen
 once. Each check returns a :class:`Verdict`. Every run goes through :func:`kernel_sentinel.checks.run_route`, so
@@ -33,30 +33,8 @@ import torch
 
 from provable_kernels import alloc
 from kernel_sentinel.checks import Measurement, compare_outputs, run_route
-from kernel_sentinel.family import Case, Family, Outputs, Tolerance, matches
+from kernel_sentinel.family import Case, Family, LayoutRejection, Outputs, Tolerance, matches
 
-
-@dataclass(frozen=True)
-class Aliasing:
-    """A declared exception to ``aliasing``: on the routes matching ``routes``, output ``output`` may share
-    storage with tensor argument ``argument`` (``why`` says why that is the contract)."""
-
-    output: str
-    argument: str
-    routes: tuple[str, ...]
-    why: str
-
-
-@dataclass(frozen=True)
-class LayoutRejection:
-    """A declared exception to ``layouts``: on the routes matching ``routes``, argument ``argument`` passed in
-    layout ``layout`` (a name in :data:`LAYOUTS`) is rejected with a ``ValueError``/``TypeError`` whose message
-    starts with the argument's name (``why`` says why the kernel cannot take it)."""
-
-    argument: str
-    layout: str
-    routes: tuple[str, ...]
-    why: str
 
 GENERIC_CHECKS = ("inputs", "aliasing", "written", "determinism", "layouts")
 DETERMINISM_RUNS = 3  # runs compared bitwise, the baseline included
@@ -253,7 +231,7 @@ class Probe:
     def aliasing(self) -> Verdict:
         case, _, outputs = self.baseline()
         inputs = {n: _storage(x) for n, x in _tensors(case.kwargs).items()}
-        allowed = {(a.output, a.argument) for a in getattr(self.family, "aliasing", ()) if matches(case.route_id, a.routes)}
+        allowed = {(a.output, a.argument) for a in self.family.aliasing if matches(case.route_id, a.routes)}
         problems, declared = [], []
         for out_name, out in outputs.items():
             for arg, address in inputs.items():
@@ -284,7 +262,7 @@ class Probe:
 
     def layouts(self) -> Verdict:
         route = self.case.route_id
-        rejected = [r for r in getattr(self.family, "rejected_layouts", ()) if matches(route, r.routes)]
+        rejected = [r for r in self.family.rejected_layouts if matches(route, r.routes)]
         skip = {(r.argument, r.layout) for r in rejected}
         problems: list[str] = []
         measurements: list[Measurement] = []

@@ -14,9 +14,10 @@ literals, f-strings, annotations and decorators are never touched). The operator
 
 Every mutant runs in a scratch copy of the repository (``kernels/`` and ``sentinel/`` copied to a temporary
 directory and imported from there through :func:`kernel_sentinel.layout.import_root`; the working tree is never
-written), in a fresh ``python -m kernel_sentinel.mutate worker`` process that verifies like ``sentinel verify
---quick`` (every check, every dtype of the family) and stops at the first failing check: the mutant is then
-*killed*. A mutant that makes the process crash or run past its time limit is killed too (reported as such).
+written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
+like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
+cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
+check: the mutant is then *killed*. A mutant that makes the process crash or run past its time limit is killed too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured). A mutant on a line
@@ -376,7 +377,7 @@ def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline
 
 
 def worker(argv: Sequence[str]) -> int:
-    """Verify the routes like ``sentinel verify --quick`` at every dtype, stopping at the first failing check;
+    """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check;
     exit 1 (printing ``route dtype check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
     which route reaches which line of the kernel library, and each route's time, as JSON."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
@@ -411,7 +412,7 @@ def worker(argv: Sequence[str]) -> int:
     for module in family.source_files():  # import-time lines count for every route
         if module.suffix == ".py" and module.parts[0] == "kernels" and module.name != "__init__.py":
             __import__(".".join(("provable_kernels", *module.parts[1:-1], module.stem)))
-    options = Options(device=torch.device("cpu"), seed=args.seed, examples=QUICK_EXAMPLES, quick=True)
+    options = Options(device=torch.device("cpu"), seed=args.seed, examples=QUICK_EXAMPLES)
     seconds: dict[str, float] = {}
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     for route_id in args.route:

@@ -78,8 +78,10 @@ def results_table(results: Sequence[RouteResult]) -> Table:
 
 
 def print_results(results: Sequence[RouteResult], problems: Sequence[str], elapsed: float,
-                  device: dict[str, str]) -> None:
-    """The table, then every failing check with its detail and repro command, then a one-line summary."""
+                  device: dict[str, str],
+                  routing: Callable[[RouteResult, CheckResult], Sequence[str]] = lambda r, c: ()) -> None:
+    """The table, then every failing check with its detail, repro command and ``routing(result, check)`` lines
+    (the family's failure-mode entries), then a one-line summary."""
     out = console.out
     out.print(results_table(results))
     for r in results:
@@ -88,6 +90,8 @@ def print_results(results: Sequence[RouteResult], problems: Sequence[str], elaps
                 out.print(f"[bold red]FAIL[/] {escape(r.id)} [bold]{c.name}[/] at {r.dtype}: {escape(c.detail)}",
                           soft_wrap=True)
                 out.print(f"     reproduce: {escape(c.repro)}", soft_wrap=True, highlight=False)
+                for line in routing(r, c):
+                    out.print(f"     {escape(line)}", soft_wrap=True, highlight=False)
     for problem in problems:
         out.print(f"[bold red]FAIL[/] {escape(problem)}", soft_wrap=True)
     failed = sum(not r.passed for r in results)

@@ -34,8 +34,10 @@ from rich.console import Console
 from rich.text import Text
 
 from provable_kernels.dispatch import Condition, Node, Path as TreePath, Route, Tree
-from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel import dashboard
+from kernel_sentinel.family import REPO_ROOT, Family, KnownIssue
 from kernel_sentinel.records import blob_ids, git, head_commit, load_record, row_key
+from kernel_sentinel.sanitize import is_triton_route
 from kernel_sentinel import registry
 
 TRACES_DIR = REPO_ROOT / "traces"
@@ -293,6 +295,29 @@ class TraceDoc:
     records: list[Record]
     groups: list[Group]
     rel_path: str
+    mutation: Optional[dict[str, Any]] = None
+
+    def route_page(self, route_id: str) -> str:
+        """The document (relative to the trace directory) of the route group holding ``route_id``."""
+        group = next(g for g in self.groups if any(r.id == route_id for r, _ in subtree_paths(g)))
+        return f"{self.family.name}/{group.slug}.md"
+
+    def url_to(self, target: str) -> str:
+        """Link from this page to ``target`` (``doc.md#anchor``) as the built site's directory URLs need it
+        (Mermaid links are not rewritten by mkdocs)."""
+        page, _, fragment = target.partition("#")
+        if page == self.rel_path:
+            return f"#{fragment}"
+        here, there = _directory_url(self.rel_path), _directory_url(page)
+        return os.path.relpath(there, here).replace(os.sep, "/") + "/" + (f"#{fragment}" if fragment else "")
+
+    def status(self, route_ids: Sequence[str], from_page: Optional[str] = None) -> dashboard.FamilyStatus:
+        """The status matrix input of ``route_ids``, linked from ``from_page`` (default: this page)."""
+        base = os.path.dirname(from_page or self.rel_path) or "."
+        routes = [(r, os.path.relpath(self.route_page(r), base).replace(os.sep, "/") + "#" + dashboard.route_anchor(r),
+                   is_triton_route(r)) for r in route_ids]
+        return dashboard.FamilyStatus(self.family.name, routes, [r.data for r in self.records], self.version.blobs,
+                                      self.mutation)
 
     def link(self, target: str) -> str:
         """Relative link from this document to ``target`` (a path relative to the trace directory)."""
@@ -302,17 +327,41 @@ class TraceDoc:
         return subtree_paths(self.group)
 
 
-def header(doc: TraceDoc) -> str:
+def _directory_url(document: str) -> str:
+    """The directory URL of a document: ``a/b.md`` -> ``a/b``, ``a/index.md`` -> ``a``."""
+    stem = document.removesuffix(".md")
+    return stem.removesuffix("/index") if stem.endswith("/index") else stem
+
+
+def provenance(doc: TraceDoc) -> str:
+    """Source blob ids and linked tests, folded."""
     base = doc.version.earlier[0] if doc.version.earlier else None
     after = (f"the version that follows commit `{short(base.sha)}` ({base.date}, {cell(base.subject)})"
              if base else "their first committed version (no earlier commit changed them)")
     tests = "\n".join(f"- `{t}`" for t in doc.tests) or "- none declared"
     return "\n\n".join([
-        f"> {GENERATED_NOTE}",
+        '<details markdown="1">\n<summary>Sources by git blob id, and the linked tests</summary>',
         f"**Sources**: {after}, identified by git blob id:",
         table(["source file", "git blob"], ((f"`{p}`", f"`{b}`") for p, b in doc.version.blobs.items())),
         f"**Linked tests** (each checked to exist):\n\n{tests}",
+        "</details>",
     ])
+
+
+def status(doc: TraceDoc) -> str:
+    """Each route of the page on each recorded device, the sanitizer and the family's mutation kill rate."""
+    header_row, rows = dashboard.matrix([doc.status([r.id for r, _ in doc.route_paths()])], family_column=False)
+    return table(header_row, rows)
+
+
+def decision_tree(doc: TraceDoc) -> str:
+    """The Mermaid tree, leaves coloured by status (every device) and linked to the route's row."""
+    status_of = doc.status([r.id for r, _ in doc.route_paths()])
+    statuses = {r: dashboard.combined(list(status_of.cells(r).values())) for r, _, _ in status_of.routes}
+    links = {r: doc.url_to(f"{doc.route_page(r)}#{dashboard.route_anchor(r)}") for r in statuses}
+    legend = ", ".join(f"{dashboard.SYMBOL[s]}" for s in dashboard.COLOURS)
+    return (f"```mermaid\n{dashboard.decorate(mermaid(doc.group), statuses, links)}\n```\n\n"
+            f"Leaves: {legend} (over every recorded device); click a leaf for its route.")
 
 
 def summary(doc: TraceDoc) -> str:
@@ -339,8 +388,8 @@ def routes(doc: TraceDoc) -> str:
     rows = []
     for route, path in doc.route_paths():
         where = locate(route.fn)
-        rows.append((f"`{route.id}`", describe_path(path), f"`{route.fn.__name__}`", f"`{where}`",
-                     first_paragraph(route.doc)))
+        rows.append((f"`{route.id}`", dashboard.anchor(route.id) + describe_path(path), f"`{route.fn.__name__}`",
+                     f"`{where}`", first_paragraph(route.doc)))
     return table(["route", "path", "function", "defined at", "what it runs"], rows)
 
 
@@ -369,8 +418,27 @@ def guards(doc: TraceDoc) -> str:
     return table(["guard", "where"], rows) if doc.family.guards else "None declared."
 
 
+def failure_modes(doc: TraceDoc) -> str:
+    """Symptom -> the page and section to read first, a secondary page, what covers it."""
+    def linked(target: str) -> str:
+        page, _, fragment = target.partition("#")
+        return f"[{target}]({doc.link(page)}{'#' + fragment if fragment else ''})"
+
+    rows = ((m.symptom, linked(m.read_first), linked(m.then), m.covered_by,
+             ", ".join(f"`{c}`" for c in m.checks) or "-") for m in doc.family.failure_modes)
+    return (table(["symptom", "read first", "then", "covered by", "verify checks that show it"], rows)
+            if doc.family.failure_modes else "None declared.")
+
+
 def known_issues(doc: TraceDoc) -> str:
-    return "\n".join(f"- {cell(issue)}" for issue in doc.family.known_issues) or "None known."
+    def row(issue: Any) -> tuple[str, ...]:
+        if isinstance(issue, KnownIssue):
+            return (issue.text, issue.severity, issue.frequency, issue.resolution,
+                    f"`{issue.commit[:12]}`" if issue.commit else "open")
+        return (str(issue), "not rated", "not rated", "-", "-")
+
+    return (table(["issue", "severity", "frequency", "resolution", "resolved in"], map(row, doc.family.known_issues))
+            if doc.family.known_issues else "None known.")
 
 
 def verification(doc: TraceDoc) -> str:
@@ -420,48 +488,73 @@ def history(doc: TraceDoc) -> str:
 
 SECTIONS: list[tuple[str, Callable[[TraceDoc], str]]] = [
     ("Summary", summary),
-    ("Decision tree", lambda doc: f"```mermaid\n{mermaid(doc.group)}\n```"),
+    ("Status", status),
+    ("Decision tree", decision_tree),
     ("Dispatch conditions", conditions),
-    ("Routes", routes),
     ("Entry points", entry_points),
+    ("Routes", routes),
     ("Critical invariants", invariants),
     ("Numerical guards", guards),
+    ("Failure modes", failure_modes),
     ("Known issues", known_issues),
     ("Verification", verification),
     ("Version history", history),
+    ("Provenance", provenance),
 ]
 
 
 def render(doc: TraceDoc) -> str:
     title = f"{doc.family.name}: dispatch overview" if doc.overview else f"{doc.family.name}: {doc.group.title}"
-    chunks = [f"# {title}", header(doc)] + [f"## {name}\n\n{section(doc)}" for name, section in SECTIONS]
+    chunks = [f"# {title}", f"> {GENERATED_NOTE}"] + [f"## {name}\n\n{section(doc)}" for name, section in SECTIONS]
     return "\n\n".join(chunks) + "\n"
 
 
-def render_index(families: Sequence[Family]) -> str:
+def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> str:
+    """The home page: the status matrix of every route, then one row per family."""
     rows = ((f"[{f.name}]({f.name}/index.md)", len(f.tree.routes()),
              ", ".join(f"[{g.title}]({f.name}/{g.slug}.md)" for g in route_groups(f.tree)),
              first_paragraph(f.summary)) for f in families)
-    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\nOne dispatch overview per kernel family and one trace per "
-            f"route group: decision tree, conditions and routes with file:line, invariants with their tests, "
-            f"numerical guards, known issues, verification results per device, version history.\n\n"
-            + table(["family", "routes", "route groups", "summary"], rows) + "\n")
+    header_row, matrix = dashboard.matrix([doc.status([r.id for r in doc.family.tree.routes()], "index.md")
+                                           for doc in overviews])
+    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status\n\nEvery route of every family on every "
+            f"recorded device (CPU: the Triton interpreter): {', '.join(dashboard.SYMBOL.values())}, with the "
+            f"commit and date of the record; stale: recorded on other sources than the current ones. Sanitizer: "
+            f"compute-sanitizer on the GPU records (Triton routes). Mutation kill rate: `sentinel mutate "
+            f"--record` (CPU verifier, reviewed equivalent mutants excluded).\n\n"
+            + table(header_row, matrix)
+            + "\n\n## Families\n\nOne dispatch overview per kernel family and one trace per route group: "
+            "status, decision tree, conditions, entry points and routes with file:line, invariants with their "
+            "tests, numerical guards, failure modes, known issues, verification results per device, version "
+            "history.\n\n" + table(["family", "routes", "route groups", "summary"], rows) + "\n")
 
 
 def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, str]:
     """Every trace document as ``{path relative to out: text}``; records are read from ``out/verification``."""
     if not families:
         raise ValueError("families must contain at least one family, got none")
-    docs = {"index.md": render_index(families)}
+    docs: dict[str, str] = {}
+    overviews = []
     for family in families:
         version = source_version([p.as_posix() for p in family.source_files()])
         tests = linked_tests(family)
         records = load_records(out / RECORDS_DIR_NAME, family.name)
+        mutation = dashboard.load_mutation(out / RECORDS_DIR_NAME, family.name)
         groups = route_groups(family.tree)
         whole = Group((), family.tree.root)
         for group, overview, name in [(whole, True, "index")] + [(g, False, g.slug) for g in groups]:
             rel_path = f"{family.name}/{name}.md"
-            docs[rel_path] = render(TraceDoc(family, group, overview, version, tests, records, groups, rel_path))
+            doc = TraceDoc(family, group, overview, version, tests, records, groups, rel_path, mutation)
+            docs[rel_path] = render(doc)
+            if overview:
+                overviews.append(doc)
+    docs["index.md"] = render_index(families, overviews)
+    for family in families:
+        for mode in family.failure_modes:
+            for target in (mode.read_first, mode.then):
+                broken = dashboard.broken_link(target, docs, out / GUIDE_DIR_NAME)
+                if broken:
+                    raise TraceError(f"family {family.name!r}: failure mode {mode.symptom!r} links {target}: "
+                                     f"{broken}")
     return docs
 
 

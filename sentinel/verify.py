@@ -1,7 +1,7 @@
 """``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
 
 For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
-selects some), six checks run and are reported separately, one row per route and dtype:
+selects some), eleven checks run and are reported separately, one row per route and dtype:
 
 - ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
   route id (a mis-dispatched or unreachable route fails; nothing is skipped).
@@ -12,17 +12,26 @@ selects some), six checks run and are reported separately, one row per route and
 - ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
   ``ValueError``/``TypeError`` where declared; never NaN.
 - ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it.
+- the generic checks of :mod:`kernel_sentinel.generic`, from sentinel alone: ``inputs`` (arguments unchanged,
+  forward and backward), ``aliasing``, ``written`` (poisoned allocations change nothing), ``determinism``,
+  ``layouts`` (non-contiguous views); at the ``small`` size, ``layouts`` at ``tiny``.
+
+``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
+(:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's
+failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
 Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, or when a
 family declares an invariant whose test does not exist; 2 on usage errors: an unknown family, a ``--route`` glob
 that matches no route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` or ``--dtype`` (a
-record covers every route at every dtype), ``--device cuda`` without a GPU.
+record covers every route at every dtype), ``--device cuda`` without a GPU, ``--sanitize`` without a GPU or
+without compute-sanitizer.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 import traceback
 import warnings
@@ -32,13 +41,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import console
+from kernel_sentinel import console, sanitize
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
 from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
+from kernel_sentinel.generic import GENERIC_CHECKS, Probe
 from kernel_sentinel.records import CheckResult, RouteResult
 
-CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input")
+CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS
+GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
 QUICK_EXAMPLES = 2
 
@@ -91,6 +102,7 @@ class RouteRun:
         self.tolerance = family.tolerance(dtype)
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
+        self._probes: dict[str, Probe] = {}
 
     def case(self, size: str) -> Case:
         if size not in self._cases:
@@ -108,6 +120,12 @@ class RouteRun:
         if isinstance(result, Exception):
             raise result
         return result
+
+    def probe(self, size: str) -> Probe:
+        """The generic checks' runs of the case of ``size`` (their shared baseline runs once)."""
+        if size not in self._probes:
+            self._probes[size] = Probe(self.family, self.case(size), self.tolerance)
+        return self._probes[size]
 
 
 def _errors(measurements: Sequence[Measurement]) -> dict[str, float]:
@@ -265,6 +283,15 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     return _summarized("bad_input", notes, summary, (), repro)
 
 
+def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
+    """The check ``name`` of :mod:`kernel_sentinel.generic` as a verify check."""
+    def check(run: RouteRun, repro: str) -> CheckResult:
+        verdict = getattr(run.probe(run.options.size(GENERIC_SIZES.get(name, "small"))), name)()
+        return _summarized(name, verdict.problems, verdict.summary, verdict.measurements, repro)
+
+    return check
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     "route": check_route,
     "reference": check_reference,
@@ -272,6 +299,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     "properties": check_properties,
     "guards": check_guards,
     "bad_input": check_bad_input,
+    **{name: generic_check(name) for name in GENERIC_CHECKS},
 }
 
 
@@ -294,6 +322,26 @@ def verify_route(family: Family, route_id: str, options: Options,
             detail = f"{_error(exc)} (at {Path(where.filename).name}:{where.lineno})"
             checks.append(CheckResult(name, False, detail, repro))
     return RouteResult(route_id, family.name, tuple(checks), dtype_name(dtype))
+
+
+def sanitized(result: RouteResult, options: Options) -> RouteResult:
+    """``result`` with the compute-sanitizer checks appended when it is a Triton route's."""
+    if not sanitize.is_triton_route(result.id):
+        return result
+    console.err.print(f"compute-sanitizer: {result.id} {result.dtype}", highlight=False)
+    repro = options.repro(result.family, result.id, getattr(torch, result.dtype))
+    extra = sanitize.sanitize_route(result.family, result.id, result.dtype, options.seed, options.quick, repro)
+    return dataclasses.replace(result, checks=(*result.checks, *extra))
+
+
+def failure_routing(families: Sequence[Family], result: RouteResult, check: CheckResult) -> list[str]:
+    """The failure-mode entries of ``result``'s family that a failure of ``check`` on its route shows, one line
+    each: the symptom, the pages to read (under ``traces/``) and what covers it."""
+    family = next((f for f in families if f.name == result.family), None)
+    modes = [m for m in (family.failure_modes if family else ())
+             if check.name in m.checks and matches(result.id, m.routes)]
+    return [f"failure mode '{m.symptom}': read traces/{m.read_first} first, then traces/{m.then}; "
+            f"covered by {m.covered_by}" for m in modes]
 
 
 def select_routes(families: Sequence[Family], globs: Sequence[str]) -> list[tuple[Family, str]]:
@@ -339,6 +387,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of hypothesis (default 0)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the JSON report here")
     p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here (one testcase per route and check)")
+    p.add_argument("--sanitize", action="store_true",
+                   help="GPU only: also run every Triton route's cases under compute-sanitizer (memcheck, racecheck, "
+                        "initcheck, synccheck), one check per tool")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
@@ -372,6 +423,8 @@ def run(args: argparse.Namespace) -> int:
     undeclared = [dtype_name(d) for d in dtypes if not select_rows(families, globs, [d])]
     if undeclared:
         return console.usage_error(f"--dtype {' '.join(undeclared)}: no selected family declares it")
+    if args.sanitize and (reason := sanitize.unavailable(device.type)):
+        return console.usage_error(reason)
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 
@@ -379,11 +432,13 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         results = report.run_with_progress(selected, options, verify_route, options.checks)
+    if args.sanitize:
+        results = [sanitized(r, options) for r in results]
     elapsed = time.perf_counter() - start
     problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
 
     info = devices.info(device)
-    report.print_results(results, problems, elapsed, info)
+    report.print_results(results, problems, elapsed, info, routing=lambda r, c: failure_routing(families, r, c))
     commit = records.head_commit()
     if args.json:
         report.write_json(args.json, report.json_report(results, commit, info, problems))

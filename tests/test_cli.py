@@ -13,7 +13,8 @@ import torch
 
 from kernel_sentinel import device, records, registry
 from kernel_sentinel.cli import main
-from kernel_sentinel.family import REPO_ROOT
+from kernel_sentinel.family import REPO_ROOT, FailureMode
+from kernel_sentinel.verify import CHECKS
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,7 +38,7 @@ def test_passing_route_exits_0_and_writes_json_and_junit(only_toy, tmp_path, cap
     assert report["commit"] == records.head_commit()
     assert report["device"] == INFO
     assert [(r["id"], r["status"]) for r in report["routes"]] == [("toy.slow", "pass")]
-    assert len(list(ET.parse(tmp_path / "j.xml").getroot().iter("testcase"))) == 6
+    assert len(list(ET.parse(tmp_path / "j.xml").getroot().iter("testcase"))) == len(CHECKS)
 
 
 def test_failing_route_exits_1_and_prints_detail_and_repro(only_toy, capsys):
@@ -46,6 +47,21 @@ def test_failing_route_exits_1_and_prints_detail_and_repro(only_toy, capsys):
     assert "FAIL toy.fast reference" in out
     assert f"reproduce: sentinel verify --family toy --route toy.fast --device {DEVICE} --seed 0 --examples 2" in out
     assert f"2 routes on {INFO['name']}: 1 passed, 1 failed" in out
+
+
+def test_failed_check_prints_its_failure_mode_next_to_the_repro(monkeypatch, toy_family, capsys):
+    mismatch = FailureMode("backend mismatch", "toy/fast.md#routes", "toy/index.md#numerical-guards",
+                           "the reference check", checks=("reference", "exact"), routes=("toy.fast",))
+    unrelated = FailureMode("wrong route taken", "toy/index.md#dispatch-conditions", "toy/index.md",
+                            "the route check", checks=("route",))
+    monkeypatch.setattr(registry, "families",
+                        lambda package="provable_kernels": [toy_family(failure_modes=(mismatch, unrelated))])
+    assert verify("--family", "toy", "--route", "toy.fast") == 1
+    lines = capsys.readouterr().out.splitlines()
+    repro = next(i for i, line in enumerate(lines) if "reproduce:" in line)
+    assert lines[repro + 1].strip() == ("failure mode 'backend mismatch': read traces/toy/fast.md#routes first, then "
+                                        "traces/toy/index.md#numerical-guards; covered by the reference check")
+    assert not any("wrong route taken" in line for line in lines)
 
 
 def test_usage_errors_exit_2(only_toy, capsys):

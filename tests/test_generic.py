@@ -3,8 +3,7 @@ defect (in-place input write, aliased output, unwritten output element, nondeter
 fails exactly the check written for it."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable, Sequence
+from typing import Callable
 
 import pytest
 import torch
@@ -12,18 +11,11 @@ import torch
 from conftest import ask_speed, toy_fast
 from provable_kernels import alloc, validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
-from kernel_sentinel.family import Family, Tolerance
-from kernel_sentinel.generic import (GENERIC_CHECKS, LAYOUTS, Aliasing, LayoutRejection, Probe, bitwise_equal,
-                                     differences)
+from kernel_sentinel.family import Aliasing, LayoutRejection, Tolerance
+from kernel_sentinel.generic import GENERIC_CHECKS, LAYOUTS, Probe, bitwise_equal, differences
 
 CPU = torch.device("cpu")
 TOLERANCE = Tolerance(1e-5, 1e-5)
-
-
-@dataclasses.dataclass
-class DeclaringFamily(Family):  # until Family itself carries the two declarations
-    aliasing: Sequence[Aliasing] = ()
-    rejected_layouts: Sequence[LayoutRejection] = ()
 
 
 def planted_family(toy_family, body: Callable[[dict], object], **changes):
@@ -43,9 +35,7 @@ def planted_family(toy_family, body: Callable[[dict], object], **changes):
         out = {"value": value.detach(), "grad_x": grad}
         return out if extra is None else {**out, "extra": extra.detach()}
 
-    family = toy_family(tree=tree, entry_points={"toy_sum": toy_sum}, run=run)
-    fields = {f.name: getattr(family, f.name) for f in dataclasses.fields(Family)}
-    return DeclaringFamily(**fields, **changes)
+    return toy_family(tree=tree, entry_points={"toy_sum": toy_sum}, run=run, **changes)
 
 
 def probe(family, size="small"):

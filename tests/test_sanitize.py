@@ -58,3 +58,11 @@ def test_command_runs_the_route_process_under_each_tool():
     assert cmd[1:5] == ["--tool", "racecheck", "--error-exitcode", str(sanitize.ERROR_EXIT)]
     inner = cmd[cmd.index(sys.executable):]
     assert inner[1:3] == ["-m", "kernel_sentinel.sanitize"] and inner[-1] == "--quick"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour; a GPU machine runs the tool")
+def test_verify_sanitize_without_a_gpu_is_a_usage_error(capsys):
+    from kernel_sentinel.cli import main
+
+    assert main(["verify", "--sanitize", "--family", "semicrf", "--route", "semicrf.triton.log.infer"]) == 2
+    assert "--sanitize runs compute-sanitizer on a CUDA GPU" in capsys.readouterr().err

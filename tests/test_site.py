@@ -150,7 +150,9 @@ def test_every_page_renders_offline(site: Path, base_url: str, browser) -> None:
         rendered = page.evaluate(RENDERED_SVG_TEXT)
         assert len(rendered) == len(sources), f"{path}: {len(rendered)} diagrams rendered, {len(sources)} in the page"
         for source, svg_text in zip(sources, rendered):
-            missing = [label for label in re.findall(r'"([^"]+)"', source) if label not in svg_text]
+            labels = [label for line in source.splitlines() if not line.lstrip().startswith("click")
+                      for label in re.findall(r'"([^"]+)"', line)]  # a click line's quotes are a link and a tooltip
+            missing = [label for label in labels if label not in svg_text]
             assert not missing, f"{path}: diagram rendered without the labels {missing}"
         diagrams += len(sources)
         if screenshots:
@@ -183,4 +185,42 @@ def test_search_and_palette_toggle_work_offline(base_url: str, browser) -> None:
     assert {before, page.get_attribute("body", "data-md-color-scheme")} == {"default", "slate"}
     assert not errors, f"console errors {errors}"
     context.close()
+    assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
+
+
+SVG_LINKS = """() => [...document.querySelectorAll("div.mermaid")].flatMap(d => [...d.shadowRoot.querySelectorAll("a")])
+    .map(a => [a.textContent.trim(), new URL(a.getAttribute("href") || a.getAttribute("xlink:href"), location.href).href])"""
+MATRIX = """() => [...document.querySelectorAll("table")].filter(t => t.tHead && t.tHead.textContent.includes("sanitizer"))
+    .map(t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim())))"""
+
+
+def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, browser) -> None:
+    """The home page's matrix has a row per route of every family with a status per device; on every family page
+    each leaf of the decision tree is a link whose target page has the route's anchor."""
+    from kernel_sentinel import registry
+
+    routes = [r.id for f in registry.families() for r in f.tree.routes()]
+    context, leaks = offline_context(browser)
+    page = context.new_page()
+    page.goto(base_url, wait_until="networkidle")
+    (matrix,) = page.evaluate(MATRIX)
+    assert sorted(row[1] for row in matrix) == sorted(routes)
+    statuses = ("pass", "fail", "stale", "not run")
+    assert all(any(s in cell for s in statuses) for row in matrix for cell in row[2:-2]), matrix
+    checked = 0
+    for path in [p for p in page_paths(site) if any(p.startswith(f"{f.name}/") for f in registry.families())]:
+        page.goto(base_url + path, wait_until="networkidle")
+        page.wait_for_function(f"() => ({RENDERED_SVG_TEXT})().every(t => t !== null)")
+        links = page.evaluate(SVG_LINKS)
+        source = "".join(MERMAID_BLOCK.findall((site / path / "index.html").read_text()))
+        leaves = re.findall(r'\(\["([^"]+)"\]\)', html.unescape(source))
+        assert sorted(label for label, _ in links) == sorted(leaves), path
+        for label, href in links:
+            target, _, anchor = href.partition("#")
+            assert target.startswith(base_url) and anchor, href
+            page.goto(target, wait_until="domcontentloaded")
+            assert page.evaluate("id => document.getElementById(id) !== null", anchor), f"{path}: {label} -> {href}"
+            checked += 1
+    context.close()
+    assert checked >= len(routes), "fewer leaf links than routes"
     assert not leaks, f"requests left localhost: {sorted(set(leaks))}"

@@ -17,6 +17,7 @@ from provable_kernels.semicrf import torch_ops
 from kernel_sentinel import records, registry, report
 from kernel_sentinel.checks import compare
 from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
+from kernel_sentinel.generic import GENERIC_CHECKS
 from kernel_sentinel.verify import CHECKS, Options, select_routes, verify_route
 
 SEMICRF = registry.family("semicrf")
@@ -44,7 +45,7 @@ def test_planted_bug_fails_reference_exact_and_properties_with_minimal_example(t
     family = toy_family()
     result = verify_route(family, "toy.fast", CPU)
     assert statuses(result) == {"route": "pass", "reference": "fail", "exact": "fail", "properties": "fail",
-                                "guards": "pass", "bad_input": "pass"}
+                                "guards": "pass", "bad_input": "pass", **dict.fromkeys(GENERIC_CHECKS, "pass")}
     x = family.make_case("toy.fast", size="small", dtype=torch.float32, device=CPU.device, seed=0).kwargs["x"]
     assert result.check("reference").max_abs == pytest.approx(1e-3 * float(x[:, 0].abs().max()), rel=1e-3)
     prop = result.check("properties")
@@ -70,14 +71,15 @@ def test_unreachable_route_fails_instead_of_skipping(toy_family):
 
     result = verify_route(toy_family(make_case=unreachable), "toy.slow", CPU)
     assert not result.passed
-    assert [c.name for c in result.checks if not c.passed] == ["route", "reference", "exact", "guards", "bad_input"]
+    assert [c.name for c in result.checks if not c.passed] == ["route", "reference", "exact", "guards", "bad_input",
+                                                               *GENERIC_CHECKS]
     assert "cannot build inputs for toy.slow" in result.check("route").detail
 
 
 def test_nothing_declared_is_a_failure(toy_family):
     result = verify_route(toy_family(oracles=(), properties=(), adversarial=(), bad_inputs=()), "toy.slow", CPU)
     assert statuses(result) == {"route": "pass", "reference": "pass", "exact": "fail", "properties": "fail",
-                                "guards": "fail", "bad_input": "fail"}
+                                "guards": "fail", "bad_input": "fail", **dict.fromkeys(GENERIC_CHECKS, "pass")}
 
 
 def test_guard_catches_undeclared_infinity_and_errors(toy_family):

@@ -23,7 +23,7 @@ from provable_kernels.triton_math import lse_shift
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
-from kernel_sentinel.family import Tolerance
+from kernel_sentinel.family import FailureMode, KnownIssue, Tolerance
 
 TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
 ENTRY_POINTS = {"partition": semi_crf_streaming_forward, "viterbi": semi_crf_viterbi}  # by the tree's op
@@ -345,6 +345,27 @@ INVARIANTS = (
     Invariant("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"),
 )
 
+FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, what covers it
+    FailureMode("NaN in the loss", "semicrf/partition-triton.md#numerical-guards",
+                "guide/semicrf-training.md#value-checks-and-host-syncs",
+                "guards check (-inf transitions, huge scores, length 1); written check (poisoned allocations); "
+                "NaN inputs rejected by validation", checks=("guards", "written")),
+    FailureMode("NaN in the backward", "semicrf/partition-triton.md#numerical-guards",
+                "guide/semicrf-training.md#accuracy-and-score-magnitude",
+                "guards check on the training routes; the -inf-safe logsumexp shift (Numerical guards)",
+                checks=("guards", "written"), routes=("semicrf.*.train",)),
+    FailureMode("wrong gradients", "semicrf/partition-triton.md#routes", "guide/semicrf-conventions.md#loss-and-decoding",
+                "reference and exact checks (every gradient vs the float64 oracle); finite-difference property",
+                checks=("reference", "exact", "properties"), routes=("semicrf.*.train",)),
+    FailureMode("out of memory", "semicrf/index.md#known-issues", "guide/semicrf-conventions.md#exact-backend-edges",
+                "the streaming routes' O(sqrt(T*K)*C) checkpoints; the exact backend is for small problems"),
+    FailureMode("backend mismatch", "semicrf/partition-triton.md#verification", "semicrf/partition-torch.md#routes",
+                "reference and exact checks: both backends against the same float64 oracle",
+                checks=("reference", "exact"), routes=("semicrf.triton.*", "semicrf.torch.*")),
+    FailureMode("wrong route taken", "semicrf/index.md#dispatch-conditions", "semicrf/index.md#decision-tree",
+                "route check: the dispatcher records the route id it took", checks=("route",)),
+)
+
 FAMILY = Family(
     name="semicrf", package=package, tree=TREE, entry_points=ENTRIES, make_case=make_case, run=run,
     reference=reference, tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
@@ -362,9 +383,14 @@ FAMILY = Family(
         Guard("The max route's gradient is the indicator of the decoded path, zero where the best score is -inf.",
               autograd.max_partition),
     ),
+    failure_modes=FAILURE_MODES,
     known_issues=(
-        "A sequence with no segmentation of finite score gets -inf (partition and Viterbi score) by design; its "
-        "decoded Viterbi segments are then some valid segmentation, not a meaningful one.",
-        "The exact backend builds the (B, T, K, C, C) edge tensor: it is for verification and small problems only.",
+        KnownIssue("A sequence with no segmentation of finite score gets -inf (partition and Viterbi score); its "
+                   "decoded Viterbi segments are then some valid segmentation, not a meaningful one.", "low",
+                   "only when -inf scores forbid every segmentation of a sequence",
+                   "by design and documented; the guards check gives -inf there, never NaN"),
+        KnownIssue("The exact backend builds the (B, T, K, C, C) edge tensor: it is for verification and small "
+                   "problems only.", "medium", "every exact-backend call; memory grows as B*T*K*C^2",
+                   "use the streaming routes (the head chooses them above its memory threshold)"),
     ),
 )

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from provable_kernels import validate
+from provable_kernels import alloc, validate
 from provable_kernels.dispatch import triton_usable
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
@@ -123,8 +123,10 @@ class _Plan:
         return tl.float32 if self.work_dtype == torch.float32 else tl.float64
 
     def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
-        make = torch.zeros if zero else torch.empty
-        return make(shape, dtype=dtype, device=self.cum.device)
+        """A kernel buffer from :func:`provable_kernels.alloc.empty` (poisoned under ``sentinel verify``: an
+        element no kernel writes shows); ``zero``: filled with zeros (buffers the kernels accumulate into)."""
+        out = alloc.empty(shape, dtype=dtype, device=self.cum.device)
+        return out.zero_() if zero else out
 
     def sizes(self) -> tuple[int, ...]:
         """The kernels' size arguments ``(T, K, KR, S, NCK, C)``."""
