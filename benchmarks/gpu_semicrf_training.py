@@ -2,7 +2,10 @@
 
 Run on a CUDA machine from the repository root::
 
-    python3 benchmarks/gpu_semicrf_training.py --out DIR [--calls 200] [--repeats 5]
+    python3 benchmarks/gpu_semicrf_training.py --out DIR [--calls 200] [--repeats 5] [--only opcheck,compile]
+
+(``--only``: a comma-separated subset of the sections below, to split the run over several device calls; the JSON
+is then named after them.)
 
 Sections (each recorded as passed / failed with its evidence; the exit code is 1 when any failed):
 
@@ -289,17 +292,23 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for semicrf_training.json")
     parser.add_argument("--calls", type=int, default=None, help="calls per timed loop (CUDA 200, CPU 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timed loops (CUDA 5, CPU 1)")
+    parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")
     opts = parser.parse_args()
     opts.out.mkdir(parents=True, exist_ok=True)
     calls, repeats = opts.calls or (200 if CUDA else 2), opts.repeats or (5 if CUDA else 1)
-    sections = [section("opcheck", opcheck), section("compile", compile_check),
-                section("cudagraph", cudagraph_check), section("precision", precision), section("mixed", mixed),
-                section("overhead", lambda s: overhead(s, calls, repeats))]
+    bodies = {"opcheck": opcheck, "compile": compile_check, "cudagraph": cudagraph_check, "precision": precision,
+              "mixed": mixed, "overhead": lambda s: overhead(s, calls, repeats)}
+    chosen = list(bodies) if opts.only is None else opts.only.split(",")
+    unknown = sorted(set(chosen) - set(bodies))
+    if unknown:
+        parser.error(f"--only: unknown sections {unknown}; choose from {list(bodies)}")
+    sections = [section(name, bodies[name]) for name in chosen]
     for s in sections:
         if s.rows:
             columns = [(k, k, ".3g" if isinstance(v, float) else "") for k, v in s.rows[0].items()]
             print_table(f"{s.name}: {'passed' if s.passed else 'FAILED'}", s.rows, columns)
-    write_json(opts.out / "semicrf_training.json", dict(
+    name = "semicrf_training" if opts.only is None else "semicrf_training-" + "-".join(chosen)
+    write_json(opts.out / f"{name}.json", dict(
         environment=environment(DEVICE), smoke_only=not CUDA, passed=all(s.passed for s in sections),
         sections={s.name: dict(passed=s.passed, seconds=s.seconds, error=s.error, rows=s.rows) for s in sections}))
     return 0 if all(s.passed for s in sections) else 1
