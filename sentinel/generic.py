@@ -12,8 +12,8 @@ They catch the failures that agreement with a reference misses because the refer
   handed back;
 - ``determinism``: repeated runs give bitwise identical outputs and gradients;
 - ``layouts``: every tensor argument passed as a non-contiguous view (:data:`LAYOUTS`: transposed, sliced with a
-  step, at a storage offset, expanded with stride 0) gives the outputs and gradients of a contiguous copy of the
-  same values: bitwise, or within the family's tolerance (a kernel that copies into another layout may round
+  step, at a storage offset, expanded with stride 0 where the API accepts the repeated values) gives the outputs
+  and gradients of a contiguous copy of the same values: bitwise, or within the family's tolerance (a kernel that copies into another layout may round
   differently). The gaps of the strided and offset views hold NaN / the poison integer, so a kernel that ignores a
   stride reads them. A view may be rejected only with a ``ValueError``/``TypeError`` whose message starts with the
   argument's name, and only where the family declares it (:class:`~kernel_sentinel.family.LayoutRejection`).
@@ -271,6 +271,11 @@ class Probe:
         for layout in LAYOUTS:
             views = {n: v for n, x in _tensors(self.case.kwargs).items()
                      if (n, layout.name) not in skip and (v := layout.make(x.detach())) is not None}
+            if not layout.same_values:
+                invalid = [n for n in views if self._rejects_values(n, views[n].contiguous())]
+                views = {n: v for n, v in views.items() if n not in invalid}
+                if invalid:
+                    tried.append(f"{layout.name} not applicable to {', '.join(invalid)} (values the API rejects)")
             if not views:
                 continue
             tried.append(f"{layout.name} ({', '.join(views)})")
@@ -294,6 +299,15 @@ class Probe:
         base = fresh_case(self.case)
         leaves = {n: _leaf(v, base.kwargs[n]) for n, v in views.items()}
         return self.run(base.with_kwargs(f"{base.description}; views: {', '.join(views)}", **leaves))
+
+    def _rejects_values(self, name: str, values: torch.Tensor) -> bool:
+        """True when the entry point rejects argument ``name`` holding ``values`` (contiguous) with a
+        ``ValueError``/``TypeError``: an expanded view of it is then not a layout question."""
+        try:
+            self._run_views({name: values})
+        except (ValueError, TypeError):
+            return True
+        return False
 
     def _layout_problem(self, name: str, views: Mapping[str, torch.Tensor],
                         want: Outputs) -> tuple[Optional[str], list[Measurement]]:

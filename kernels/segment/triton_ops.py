@@ -83,9 +83,16 @@ def _first_segments(csr: Tensor, ids: Optional[Tensor], starts: Tensor) -> Tenso
     return (torch.searchsorted(csr, starts.to(csr.dtype), right=True) - 1).to(torch.int32)
 
 
+def _unit_stride(csr: Tensor, ids: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """``csr`` and ``ids`` contiguous: the kernels read them with stride 1 (a strided or expanded view would be
+    read out of bounds)."""
+    return csr.contiguous(), None if ids is None else ids.contiguous()
+
+
 def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: float,
             want_arg: bool) -> tuple[Tensor, Tensor]:
     """Reduce the rows of ``x2`` (N, D) per segment: ``(out (S, D) in x2.dtype, arg)`` (see the module doc)."""
+    csr, ids = _unit_stride(csr, ids)
     N, D = x2.shape
     S = csr.numel() - 1
     device = x2.device
@@ -121,6 +128,7 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
 def backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Tensor], reduce: str,
              rows: int) -> Tensor:
     """grad_x (rows, D) in grad.dtype from the upstream gradient ``grad`` (S, D); max / min need ``arg``."""
+    csr, ids = _unit_stride(csr, ids)
     S, D = grad.shape
     gx = alloc.empty((rows, D), dtype=grad.dtype, device=grad.device)
     if rows == 0 or D == 0:
