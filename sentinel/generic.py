@@ -13,8 +13,8 @@ They catch the failures that agreement with a reference misses because the refer
 - ``determinism``: repeated runs give bitwise identical outputs and gradients;
 - ``layouts``: every tensor argument passed as a non-contiguous view (:data:`LAYOUTS`: transposed, sliced with a
   step, at a storage offset, expanded with stride 0 where the API accepts the repeated values) gives the outputs
-  and gradients of a contiguous copy of the same values: bitwise, or within the family's tolerance (a kernel that copies into another layout may round
-  differently). The gaps of the strided and offset views hold NaN / the poison integer, so a kernel that ignores a
+  and gradients of a contiguous copy of the same values: bitwise, or within the family's tolerance (a kernel that
+  copies into another layout may round differently). The gaps of the strided and offset views hold NaN / the poison integer, so a kernel that ignores a
   stride reads them. A view may be rejected only with a ``ValueError``/``TypeError`` whose message starts with the
   argument's name, and only where the family declares it (:class:`~kernel_sentinel.family.LayoutRejection`).
 

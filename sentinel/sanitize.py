@@ -54,7 +54,8 @@ def unavailable(device_type: str) -> Optional[str]:
     import torch
 
     if device_type != "cuda" or not torch.cuda.is_available():
-        return "--sanitize runs compute-sanitizer on a CUDA GPU; this run has no GPU (use --device cuda on a GPU machine)"
+        return ("--sanitize runs compute-sanitizer on a CUDA GPU; this run has no GPU (use --device cuda on a GPU "
+                "machine)")
     if find_tool() is None:
         return ("--sanitize needs NVIDIA compute-sanitizer (part of the CUDA toolkit): not on PATH nor in "
                 "$CUDA_HOME/bin")

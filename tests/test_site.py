@@ -188,8 +188,10 @@ def test_search_and_palette_toggle_work_offline(base_url: str, browser) -> None:
     assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
 
 
-SVG_LINKS = """() => [...document.querySelectorAll("div.mermaid")].flatMap(d => [...d.shadowRoot.querySelectorAll("a")])
-    .map(a => [a.textContent.trim(), new URL(a.getAttribute("href") || a.getAttribute("xlink:href"), location.href).href])"""
+SVG_LINKS = """() => [...document.querySelectorAll("div.mermaid")]
+    .flatMap(d => [...d.shadowRoot.querySelectorAll("a")])
+    .map(a => [a.textContent.trim(),
+               new URL(a.getAttribute("href") || a.getAttribute("xlink:href"), location.href).href])"""
 MATRIX = """() => [...document.querySelectorAll("table")].filter(t => t.tHead && t.tHead.textContent.includes("sanitizer"))
     .map(t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim())))"""
 
