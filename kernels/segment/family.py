@@ -22,7 +22,7 @@ from provable_kernels.segment.triton_segment import segment_combine_kernel, segm
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
-from kernel_sentinel.family import Tolerance
+from kernel_sentinel.family import FailureMode, Tolerance
 
 ENTRIES = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward)}
 ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
@@ -483,6 +483,25 @@ INVARIANTS = (
 )
 
 
+FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, what covers it
+    FailureMode("NaN in the loss", "segment/reduce-triton.md#numerical-guards", "guide/segment.md#conventions",
+                "guards check (NaN/inf input, empty segments); written check (poisoned allocations)",
+                checks=("guards", "written")),
+    FailureMode("NaN in the backward", "segment/reduce-triton.md#numerical-guards",
+                "segment/adjoint-triton.md#routes", "guards check on the training routes and the adjoints",
+                checks=("guards", "written"), routes=("segment.*.train.*", "segment.*_backward")),
+    FailureMode("wrong gradients", "segment/adjoint-triton.md#routes",
+                "guide/segment.md#ties-compared-with-torchsegment_reduce",
+                "reference check (first occurrence of a tie gets the gradient); adjoints bitwise vs autograd",
+                checks=("reference", "exact", "properties"), routes=("segment.*.train.*", "segment.*_backward")),
+    FailureMode("out of memory", "segment/reduce-triton.md#dispatch-conditions", "guide/segment.md#backends",
+                "one (S, D) output and per-block partials; no (N, S) intermediate"),
+    FailureMode("backend mismatch", "segment/reduce-triton.md#verification", "segment/reduce-torch.md#routes",
+                "reference check: both backends against the same float64 oracle", checks=("reference", "exact")),
+    FailureMode("wrong route taken", "segment/index.md#dispatch-conditions", "segment/index.md#decision-tree",
+                "route check: the dispatcher records the route id it took", checks=("route",)),
+)
+
 FAMILY = Family(
     name="segment",
     package=package,
@@ -510,6 +529,7 @@ FAMILY = Family(
         Guard("The PyTorch backend's max / min gathers x at the first-occurrence arg, so autograd's gradient goes to "
               "exactly one row per (segment, column).", torch_ops.first_arg),
     ),
+    failure_modes=FAILURE_MODES,
     known_issues=(
         "Peer issue (torch.segment_reduce): its max / min backward splits a tied gradient among the tied rows only "
         "when the upstream gradient is positive; with a negative upstream gradient every tied row receives the full "

@@ -23,7 +23,7 @@ from provable_kernels.sinkhorn.oracle import sinkhorn_oracle, sinkhorn_scaling_o
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
-from kernel_sentinel.family import Tolerance
+from kernel_sentinel.family import FailureMode, Tolerance
 
 
 def sinkhorn_knopp(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
@@ -312,6 +312,24 @@ INVARIANTS = (
     Invariant("The guide's lane-mixing example runs.", f"{TESTS}::test_guide_lane_mixing_example_runs"),
 )
 
+FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, what covers it
+    FailureMode("NaN in the loss", "sinkhorn/triton-fits.md#numerical-guards",
+                "guide/sinkhorn.md#-inf-entries-and-all-inf-rows",
+                "guards check (-inf entries, all -inf rows, huge logits); written check (poisoned allocations)",
+                checks=("guards", "written")),
+    FailureMode("NaN in the backward", "sinkhorn/triton-fits.md#numerical-guards", "guide/sinkhorn.md#conventions",
+                "guards check on the training routes", checks=("guards", "written"), routes=("sinkhorn.*.train",)),
+    FailureMode("wrong gradients", "sinkhorn/triton-fits.md#routes", "guide/sinkhorn.md#conventions",
+                "reference check (gradients vs the float64 oracle); finite-difference property",
+                checks=("reference", "exact", "properties"), routes=("sinkhorn.*.train",)),
+    FailureMode("out of memory", "sinkhorn/triton-too_large.md#routes", "guide/sinkhorn.md#routes",
+                "matrices too large for one block take the PyTorch route (dispatch condition)"),
+    FailureMode("backend mismatch", "sinkhorn/triton-fits.md#verification", "sinkhorn/torch-log.md#routes",
+                "reference check: both backends against the same float64 oracle", checks=("reference", "exact")),
+    FailureMode("wrong route taken", "sinkhorn/index.md#dispatch-conditions", "sinkhorn/index.md#decision-tree",
+                "route check: the dispatcher records the route id it took", checks=("route",)),
+)
+
 FAMILY = Family(
     name="sinkhorn",
     package=package,
@@ -340,6 +358,7 @@ FAMILY = Family(
               triton_sinkhorn._safe.fn),
         Guard("The PyTorch loop uses the same flagged form for clamped entries.", torch_ops._norm),
     ),
+    failure_modes=FAILURE_MODES,
     known_issues=(
         "The backward keeps the scalings of every ceil(sqrt(iters))-th step in registers and replays the others "
         "(about 2.5 forwards in all); blocks that run the log loop (rows spanning > 30, -inf entries) replay every "
