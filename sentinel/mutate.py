@@ -17,7 +17,8 @@ directory and imported from there through :func:`kernel_sentinel.layout.import_r
 written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
 like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
 cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
-check: the mutant is then *killed*. A mutant that makes the process crash or run past its time limit is killed too (reported as such).
+check: the mutant is then *killed*. A mutant that makes the process crash or run past its time limit is killed
+too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured). A mutant on a line
