@@ -137,10 +137,17 @@ class Tree:
     def dispatch(self, call: Any) -> Any:
         """Select the route for ``call``, record its id, run it."""
         route = self.select(call)
-        if not _compiling():  # torch.compile cannot trace a ContextVar; recordings observe eager calls
-            for taken in _RECORDINGS.get():
+        if _compiling():  # torch.compile cannot trace a ContextVar; recordings observe eager calls
+            return route.fn(call)
+        depth = _DEPTH.get()
+        for taken, opened, nested in _RECORDINGS.get():
+            if nested or depth == opened:
                 taken.append(route.id)
-        return route.fn(call)
+        token = _DEPTH.set(depth + 1)
+        try:
+            return route.fn(call)
+        finally:
+            _DEPTH.reset(token)
 
 
 def _compiling() -> bool:
@@ -149,14 +156,18 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-_RECORDINGS: contextvars.ContextVar[tuple[list[str], ...]] = contextvars.ContextVar("_RECORDINGS", default=())
+_RECORDINGS: contextvars.ContextVar[tuple[tuple[list[str], int, bool], ...]] = contextvars.ContextVar(
+    "_RECORDINGS", default=())
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("_DEPTH", default=0)  # routes running now
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[str]]:
-    """Collect the ids of every route dispatched inside the block, in order (recordings nest)."""
+def recording(nested: bool = True) -> Iterator[list[str]]:
+    """Collect the ids of every route dispatched inside the block, in order (recordings nest). A route may call
+    another entry point (the head's routes call the streaming API): ``nested=False`` keeps only the routes
+    dispatched directly in the block, not those dispatched by a route while it runs."""
     taken: list[str] = []
-    token = _RECORDINGS.set(_RECORDINGS.get() + (taken,))
+    token = _RECORDINGS.set(_RECORDINGS.get() + ((taken, _DEPTH.get(), nested),))
     try:
         yield taken
     finally:

@@ -115,8 +115,9 @@ def compare_outputs(got: Outputs, want: Outputs, tol: Tolerance, source: str = "
 
 def run_route(run: Callable[[Case], Outputs], case: Case) -> Outputs:
     """``run(case)`` inside :func:`provable_kernels.dispatch.recording`; raise :class:`RouteMismatch` unless the
-    dispatcher recorded exactly ``[case.route_id]``."""
-    with recording() as taken:
+    dispatcher recorded exactly ``[case.route_id]`` (routes that the route itself dispatches, e.g. the streaming
+    route under a head route, are not counted)."""
+    with recording(nested=False) as taken:
         outputs = run(case)
     if taken != [case.route_id]:
         raise RouteMismatch(f"intended route {case.route_id!r}, dispatcher recorded {taken!r} ({case.description})")

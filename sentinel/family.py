@@ -7,7 +7,8 @@ code it points at. Generic helpers for writing one (weighted gradients, float64 
 finite-difference property) are in :mod:`kernel_sentinel.cases`; the site page "Adding a kernel family" walks
 through it.
 
-Declarative part (read by the trace generator): ``name``, ``package`` (its docstring is ``summary``), ``tree``,
+Declarative part (read by the trace generator): ``name``, ``package`` (its docstring is ``summary``), ``tree``
+and ``more_trees`` (one dispatch tree per group of public entry points; route ids unique across them),
 ``entry_points``, ``invariants``, ``guards``, ``known_issues``, ``source_files()``.
 
 Executable part (run by :mod:`kernel_sentinel.verify`, once per route and per dtype of ``dtypes``):
@@ -43,7 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from provable_kernels.dispatch import Tree
+from provable_kernels.dispatch import Route, Tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,11 +124,13 @@ class Case:
 @dataclass(frozen=True)
 class Oracle:
     """An independent computation of a route's outputs. ``compute(case)`` returns some of the names that
-    ``Family.run`` returns (every name it returns is compared); ``size`` is the case size it can afford."""
+    ``Family.run`` returns (every name it returns is compared); ``size`` is the case size it can afford;
+    ``routes`` (fnmatch globs) the routes it applies to."""
 
     name: str
     size: str
     compute: Callable[[Case], Outputs]
+    routes: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True)
@@ -259,12 +262,27 @@ class Family:
     aliasing: Sequence[Aliasing] = ()
     rejected_layouts: Sequence[LayoutRejection] = ()
     failure_modes: Sequence[FailureMode] = ()
+    more_trees: Sequence[Tree] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]
         if not self.dtypes or missing:
             raise ValueError(f"family {self.name!r}: dtypes must be non-empty and each needs a tolerance; "
                              f"no tolerance for {missing}")
+        ids = [route.id for route in self.routes()]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"family {self.name!r}: route ids must be unique across its trees; repeated: {twice}")
+
+    @property
+    def trees(self) -> tuple[Tree, ...]:
+        """Every dispatch tree of the family: ``tree`` (its kernels' entry points), then ``more_trees`` (other
+        public entry points that decide something, e.g. a module choosing a backend)."""
+        return (self.tree, *self.more_trees)
+
+    def routes(self) -> list[Route]:
+        """Every route of every tree, in tree order."""
+        return [route for tree in self.trees for route in tree.routes()]
 
     @property
     def summary(self) -> str:

@@ -116,7 +116,7 @@ def record_problem(family: Family, record: dict[str, Any], current: dict[str, st
     if changed:
         return f"{_listing(changed)} changed since the last GPU verification on {where}: {RECORD_HINT}"
     by_row = {records.row_key(r): r["status"] for r in record["routes"]}
-    wanted = [(r.id, str(d).removeprefix("torch.")) for d in family.dtypes for r in family.tree.routes()]
+    wanted = [(r.id, str(d).removeprefix("torch.")) for d in family.dtypes for r in family.routes()]
 
     def label(route_id: str, dtype: str) -> str:
         return route_id if len(family.dtypes) == 1 else f"{route_id} ({dtype})"

@@ -536,7 +536,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
 
     from kernel_sentinel.family import matches
 
-    routes = [r.id for r in family.tree.routes() if not args.route or matches(r.id, args.route)]
+    routes = [r.id for r in family.routes() if not args.route or matches(r.id, args.route)]
     files = _selected_files(family, args.files, repo)
     if not routes or not files:
         console.err.print(f"{family.name}: no {'route' if not routes else 'source file'} selected")
@@ -591,7 +591,7 @@ def run(args: argparse.Namespace) -> int:
         families = registry.select(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
-    if args.route and not any(matches(r.id, args.route) for f in families for r in f.tree.routes()):
+    if args.route and not any(matches(r.id, args.route) for f in families for r in f.routes()):
         return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
     if args.record and (args.route or args.files):
         return console.usage_error("--record measures every route and the default files; drop --route / --files")

@@ -14,15 +14,17 @@ from kernel_sentinel.trace import locate
 
 
 def family_routes(family: Family) -> dict[str, Any]:
-    """``{"family", "entry", "routes": [{"id", "path": {condition: outcome}, "function", "where"}]}``."""
-    routes = [{"id": route.id, "path": {cond.name: outcome for cond, outcome in path},
+    """``{"family", "entries": [tree name], "routes": [{"id", "entry", "path": {condition: outcome}, "function",
+    "where"}]}``, the routes of every tree of the family in tree order (``entry``: the tree's name)."""
+    routes = [{"id": route.id, "entry": tree.name, "path": {cond.name: outcome for cond, outcome in path},
                "function": f"{route.fn.__module__}.{route.fn.__qualname__}", "where": str(locate(route.fn))}
-              for route, path in family.tree.paths()]
-    return {"family": family.name, "entry": family.tree.name, "routes": routes}
+              for tree in family.trees for route, path in tree.paths()]
+    return {"family": family.name, "entries": [tree.name for tree in family.trees], "routes": routes}
 
 
 def rich_tree(family: Family) -> RichTree:
-    """The family's decision tree: condition nodes, edges labelled by outcome, route leaves with id and source."""
+    """The family's decision trees: one branch per tree (its entry point), condition nodes, edges labelled by
+    outcome, route leaves with id and source."""
     from provable_kernels.dispatch import Branch
 
     def add(parent: RichTree, node: Any, label: str) -> None:
@@ -33,8 +35,9 @@ def rich_tree(family: Family) -> RichTree:
         else:
             parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {locate(node.fn)}[/]")
 
-    top = RichTree(f"[bold magenta]{escape(family.name)}[/] ({len(family.tree.routes())} routes)")
-    add(top, family.tree.root, "")
+    top = RichTree(f"[bold magenta]{escape(family.name)}[/] ({len(family.routes())} routes)")
+    for tree in family.trees:
+        add(top.add(f"[bold]{escape(tree.name)}[/] ({len(tree.routes())} routes)"), tree.root, "")
     return top
 
 

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from rich.console import Console
 from rich.text import Text
 
-from provable_kernels.dispatch import Condition, Node, Path as TreePath, Route, Tree
+from provable_kernels.dispatch import Branch, Condition, Node, Path as TreePath, Route, Tree
+from kernel_sentinel import coverage
 from kernel_sentinel import dashboard
 from kernel_sentinel.family import REPO_ROOT, Family, KnownIssue
 from kernel_sentinel.records import blob_ids, git, head_commit, load_record, row_key
@@ -101,31 +102,59 @@ class Group:
 
     path: TreePath
     node: Node
+    tree: str = ""  # the name of the tree, for a family's further trees (``Family.more_trees``)
 
     @property
     def slug(self) -> str:
-        return "-".join(outcome for _, outcome in self.path) or "all"
+        outcomes = [outcome for _, outcome in self.path]
+        return "-".join(([slug(self.tree)] if self.tree else []) + outcomes) or "all"
 
     @property
     def title(self) -> str:
-        return ", ".join(f"{cond.name} = {outcome}" for cond, outcome in self.path) or "all routes"
+        where = ", ".join(f"{cond.name} = {outcome}" for cond, outcome in self.path)
+        return f"{self.tree}: {where or 'all routes'}" if self.tree else where or "all routes"
 
 
-def route_groups(tree: Tree, depth: int = GROUP_DEPTH) -> list[Group]:
+def slug(name: str) -> str:
+    """``name`` lower-cased, runs of other characters than letters and digits as one ``-``."""
+    return "-".join("".join(ch if ch.isalnum() else " " for ch in name.lower()).split())
+
+
+def route_groups(tree: Tree, depth: int = GROUP_DEPTH, named: bool = False) -> list[Group]:
     """Cut ``tree`` at ``depth`` levels; below the root, a branch whose children are all routes stays one group
-    (semicrf: partition-triton, partition-torch, viterbi)."""
+    (semicrf: partition-triton, partition-torch, viterbi). ``named``: the groups carry the tree's name (slug
+    and title), for the further trees of a family."""
     groups: list[Group] = []
 
     def walk(node: Node, path: TreePath) -> None:
         if (isinstance(node, Route) or len(path) == depth
                 or (path and all(isinstance(child, Route) for child in node.children.values()))):
-            groups.append(Group(path, node))
+            groups.append(Group(path, node, tree.name if named else ""))
         else:
             for outcome, child in node.children.items():
                 walk(child, path + ((node.condition, outcome),))
 
     walk(tree.root, ())
     return groups
+
+
+def family_groups(family: Family) -> list[Group]:
+    """The route groups of every tree of ``family`` (those of its further trees named after the tree)."""
+    return [g for i, tree in enumerate(family.trees) for g in route_groups(tree, named=i > 0)]
+
+
+def entry_point(call: Any) -> str:
+    """Which public entry point is called: each has its own dispatch tree, evaluated by that entry point."""
+    raise TypeError("entry_point only labels the overview of a family with several trees; nothing dispatches on it")
+
+
+def family_tree(family: Family) -> Tree:
+    """The family's tree; for a family with several, one tree whose root branches on :func:`entry_point` to the
+    root of each (drawn on the overview)."""
+    if not family.more_trees:
+        return family.tree
+    entries = Condition("entry point", entry_point, tuple(tree.name for tree in family.trees))
+    return Tree(family.name, Branch(entries, {tree.name: tree.root for tree in family.trees}))
 
 
 def subtree_paths(group: Group) -> list[tuple[Route, TreePath]]:
@@ -474,6 +503,9 @@ def verification(doc: TraceDoc) -> str:
         parts.append(table(["route id", "dtype", "status"] + names, rows))
         if failures:
             parts.append("Failed checks:\n\n" + "\n".join(failures))
+        if doc.overview and data.get("coverage"):
+            parts.append("Kernel lines this run reached (`sentinel verify --coverage`: statements in function bodies "
+                         "of the kernel sources):\n\n" + coverage.markdown(data["coverage"]))
     return "\n\n".join(parts)
 
 
@@ -511,10 +543,10 @@ def render(doc: TraceDoc) -> str:
 
 def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> str:
     """The home page: the status matrix of every route, then one row per family."""
-    rows = ((f"[{f.name}]({f.name}/index.md)", len(f.tree.routes()),
-             ", ".join(f"[{g.title}]({f.name}/{g.slug}.md)" for g in route_groups(f.tree)),
+    rows = ((f"[{f.name}]({f.name}/index.md)", len(f.routes()),
+             ", ".join(f"[{g.title}]({f.name}/{g.slug}.md)" for g in family_groups(f)),
              first_paragraph(f.summary)) for f in families)
-    header_row, matrix = dashboard.matrix([doc.status([r.id for r in doc.family.tree.routes()], "index.md")
+    header_row, matrix = dashboard.matrix([doc.status([r.id for r in doc.family.routes()], "index.md")
                                            for doc in overviews])
     return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status\n\nEvery route of every family on every "
             f"recorded device (CPU: the Triton interpreter): {', '.join(dashboard.SYMBOL.values())}, with the "
@@ -539,8 +571,8 @@ def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, st
         tests = linked_tests(family)
         records = load_records(out / RECORDS_DIR_NAME, family.name)
         mutation = dashboard.load_mutation(out / RECORDS_DIR_NAME, family.name)
-        groups = route_groups(family.tree)
-        whole = Group((), family.tree.root)
+        groups = family_groups(family)
+        whole = Group((), family_tree(family).root)
         for group, overview, name in [(whole, True, "index")] + [(g, False, g.slug) for g in groups]:
             rel_path = f"{family.name}/{name}.md"
             doc = TraceDoc(family, group, overview, version, tests, records, groups, rel_path, mutation)

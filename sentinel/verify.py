@@ -22,11 +22,15 @@ failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
-Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, or when a
-family declares an invariant whose test does not exist; 2 on usage errors: an unknown family, a ``--route`` glob
-that matches no route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` or ``--dtype`` (a
-record covers every route at every dtype), ``--device cuda`` without a GPU, ``--sanitize`` without a GPU or
-without compute-sanitizer.
+``--coverage`` (CPU) also measures which lines of each family's kernel sources the run executed
+(:mod:`kernel_sentinel.coverage`): a table per file, in the JSON report and in the records.
+
+Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, when a
+family declares an invariant whose test does not exist, or (``--coverage``, complete run) when a kernel line is
+neither reached nor declared unreached; 2 on usage errors: an unknown family, a ``--route`` glob that matches no
+route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` or ``--dtype`` (a record covers
+every route at every dtype), ``--device cuda`` without a GPU, ``--coverage`` on a GPU, ``--sanitize`` without
+a GPU or without compute-sanitizer.
 """
 from __future__ import annotations
 
@@ -173,10 +177,11 @@ def check_reference(run: RouteRun, repro: str) -> CheckResult:
 
 
 def check_exact(run: RouteRun, repro: str) -> CheckResult:
-    if not run.family.oracles:
-        return CheckResult("exact", False, "no oracle declared for the family", repro)
+    oracles = [o for o in run.family.oracles if matches(run.route_id, o.routes)]
+    if not oracles:
+        return CheckResult("exact", False, "no oracle declared for this route", repro)
     measurements: list[Measurement] = []
-    for oracle in run.family.oracles:
+    for oracle in oracles:
         size = run.options.size(oracle.size)
         want = oracle.compute(run.case(size))
         measurements += compare_outputs(run.outputs(size), want, run.tolerance, oracle.name)
@@ -346,7 +351,7 @@ def failure_routing(families: Sequence[Family], result: RouteResult, check: Chec
 
 def select_routes(families: Sequence[Family], globs: Sequence[str]) -> list[tuple[Family, str]]:
     """``(family, route id)`` for every route matching one of ``globs`` (every route when empty), in tree order."""
-    return [(f, r.id) for f in families for r in f.tree.routes() if not globs or matches(r.id, globs)]
+    return [(f, r.id) for f in families for r in f.routes() if not globs or matches(r.id, globs)]
 
 
 def select_rows(families: Sequence[Family], globs: Sequence[str],
@@ -387,6 +392,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of hypothesis (default 0)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the JSON report here")
     p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here (one testcase per route and check)")
+    p.add_argument("--coverage", action="store_true",
+                   help="measure which lines of each family's kernel sources the run executes (CPU: Triton code runs "
+                        "as Python under the interpreter); on a complete run, a line neither reached nor declared "
+                        "'# verify: unreached (reason)' fails it")
     p.add_argument("--sanitize", action="store_true",
                    help="GPU only: also run every Triton route's cases under compute-sanitizer (memcheck, racecheck, "
                         "initcheck, synccheck), one check per tool")
@@ -396,7 +405,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import device as devices
-    from kernel_sentinel import records, registry, report
+    from kernel_sentinel import coverage, records, registry, report
 
     try:
         device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
@@ -411,6 +420,12 @@ def run(args: argparse.Namespace) -> int:
                          {"--record": records.record_dir() if args.record else None})
     if problem:
         return console.usage_error(problem)
+    if args.coverage and device.type != "cpu":
+        return console.usage_error("--coverage reads the Triton kernels as Python under the interpreter: "
+                                   "use --device cpu")
+    measurement = coverage.Measurement([coverage.kernel_root()]) if args.coverage else None
+    if measurement is not None:
+        measurement.start()  # before the families are imported: what runs at import counts too
     try:
         families = registry.select(args.family)
     except registry.UnknownFamily as exc:
@@ -436,18 +451,29 @@ def run(args: argparse.Namespace) -> int:
         results = [sanitized(r, options) for r in results]
     elapsed = time.perf_counter() - start
     problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
+    reached = None
+    if measurement is not None:
+        measurement.stop()
+        complete = not (globs or dtypes or args.quick or args.examples)
+        reached = coverage.report(families, registry.families(), measurement, lambda family: complete)
+        console.out.print(coverage.table(reached))
+        problems += reached.problems
 
     info = devices.info(device)
     report.print_results(results, problems, elapsed, info, routing=lambda r, c: failure_routing(families, r, c))
     commit = records.head_commit()
     if args.json:
-        report.write_json(args.json, report.json_report(results, commit, info, problems))
+        data = report.json_report(results, commit, info, problems)
+        report.write_json(args.json, {**data, "coverage": reached.as_dict()} if reached else data)
     if args.junit:
         report.write_junit(args.junit, results, problems)
     if args.record:
         for family in families:
             ran = [r for r in results if r.family == family.name]
-            path = records.save_record(records.make_record(family, info, ran))
+            record = records.make_record(family, info, ran)
+            if reached is not None:
+                record["coverage"] = reached.for_family(family.name).as_dict()
+            path = records.save_record(record)
             console.err.print(f"recorded {path}")
     ok = bool(results) and all(r.passed for r in results) and not problems
     return 0 if ok else 1

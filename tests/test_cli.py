@@ -123,7 +123,8 @@ def test_routes_prints_trees_and_json(capsys):
     assert main(["routes", "--json", "--family", "semicrf"]) == 0
     data = json.loads(capsys.readouterr().out)
     routes = data["families"][0]["routes"]
-    assert [r["id"] for r in routes] == [r.id for r in registry.select(["semicrf"])[0].tree.routes()]
+    assert [r["id"] for r in routes] == [r.id for r in registry.select(["semicrf"])[0].routes()]
+    assert data["families"][0]["entries"] == ["semicrf", "SemiMarkovCRFHead", "SemiMarkov"]
     assert routes[0]["path"] == {"op": "partition", "backend": "triton", "semiring": "log", "grad": "infer"}
 
 

@@ -68,7 +68,7 @@ TREE = Tree("toy_scale", Branch(Condition("how", ask, ("double", "triple")),
 
 @pytest.fixture
 def toy_package(tmp_path, monkeypatch):
-    """A fresh package ``covtoy`` (``ops.py`` as above, an empty ``family.py``), importable, and a function that
+    """A fresh package ``covtoy`` (``ops.py`` as above, a ``family.py`` and its part), importable, and a function that
     builds its :class:`Family` (``ops`` may replace the source of ``ops.py``)."""
     created = []
 
@@ -78,7 +78,8 @@ def toy_package(tmp_path, monkeypatch):
         pkg.mkdir()
         (pkg / "__init__.py").write_text('"""A toy family."""\n')
         (pkg / "ops.py").write_text(ops)
-        (pkg / "family.py").write_text(f"from {name} import ops  # noqa: F401\n")
+        (pkg / "family.py").write_text(f"from {name} import family_part, ops  # noqa: F401\n")
+        (pkg / "family_part.py").write_text('"""A part of the registration."""\n')
         created.append(name)
         importlib.invalidate_caches()
         package = importlib.import_module(name)
@@ -114,7 +115,8 @@ def line_of(text: str, needle: str) -> int:
 def test_kernel_sources_leave_out_the_registration_module(toy_package):
     family, _ = toy_package()
     names = {p.name for p in coverage.kernel_sources(family)}
-    assert "ops.py" in names and "__init__.py" in names and "family.py" not in names
+    assert "ops.py" in names and "__init__.py" in names
+    assert "family.py" not in names and "family_part.py" not in names
 
 
 def test_triton_kernel_lines_are_measured_and_unreached_ones_listed(toy_package, tmp_path):
@@ -204,3 +206,19 @@ def test_table_and_json(toy_package, tmp_path):
     assert row["judged"] and row["percent"] < 100 and row["declared"][0]["reason"].startswith("needs more")
     assert {s["function"] for s in row["unreached"]} == {"_double_kernel", "never_called"}
     assert cov.for_family(family.name).files == cov.files and cov.for_family("other").files == ()
+    page = coverage.markdown(data)
+    assert "| file | statements reached |" in page and "(`never_called`)" in page
+    assert "(`double`: needs more memory than any test machine)" in page
+
+
+def test_verify_coverage_reports_a_partial_run_without_verdict(tmp_path):
+    from kernel_sentinel.cli import main
+
+    out = tmp_path / "report.json"
+    code = main(["verify", "--family", "semicrf", "--route", "semicrf.exact.log", "--dtype", "float64",
+                 "--examples", "1", "--device", "cpu", "--coverage", "--json", str(out)])
+    assert code == 0
+    files = {f["path"]: f for f in json.loads(out.read_text())["coverage"]["files"]}
+    exact = files["kernels/semicrf/exact.py"]
+    assert not exact["judged"] and 0 < exact["reached"] < exact["statements"]
+    assert "kernels/semicrf/family.py" not in files

@@ -126,7 +126,8 @@ def test_default_streaming_takes_triton_where_usable_and_agrees_with_exact():
         grads = torch.autograd.grad(loss, list(head.parameters()))
         best = head.decode(hidden, lengths)
     backend = "triton" if triton_usable(hidden.device) else "torch"
-    assert taken == [f"semicrf.{backend}.log.train", f"semicrf.{backend}.viterbi"]
+    assert taken == ["semicrf.head.streaming.loss", f"semicrf.{backend}.log.train", "semicrf.head.decode",
+                     f"semicrf.{backend}.viterbi"]
     exact = head.compute_loss(hidden, lengths, labels, reduction="sum", backend="exact")
     torch.testing.assert_close(loss, exact, rtol=1e-10, atol=1e-10)
     for g, e in zip(grads, torch.autograd.grad(exact, list(head.parameters()))):
@@ -181,12 +182,15 @@ def test_semirings_against_oracle_and_auto_routing():
     with recording() as taken:
         expect(head(hidden, lengths), oracle.log_partition(scored))
         expect(head(hidden, lengths, semiring="max"), [s for _, s in oracle.best(scored)])
-    assert len(taken) == 2 and all(route.startswith("semicrf.") for route in taken)
+    assert taken[::2] == ["semicrf.head.streaming.log", "semicrf.head.streaming.max"]
+    assert [route.split(".")[2] for route in taken[1::2]] == ["log", "max"]  # the streaming routes they call
     with recording() as taken:
         expect(head(hidden, lengths, semiring="entropy"), oracle.entropy(scored))
         expect(head(hidden, lengths, semiring="kmax:3"), list(zip(*oracle.top_k(scored, 3))))
         expect(head(hidden, lengths, semiring="counting"), [oracle.count(int(L), 3, 2) for L in lengths])
-    assert taken == []  # the exact backend: no streaming route
+    assert [route for route in taken if route.startswith("semicrf.head.")] == [
+        "semicrf.head.exact.entropy", "semicrf.head.exact.kmax", "semicrf.head.exact.counting"]
+    assert not any(route.split(".")[1] in ("triton", "torch") for route in taken)  # no streaming route
 
 
 def test_counting_counts_segmentations_the_model_allows():

@@ -10,17 +10,22 @@ A segmentation ((s_0, d_0, c_0), (s_1, d_1, c_1), ...) scores ``Σ_i edge[s_i, d
 ``c_{-1} = 0``: the first segment (s = 0) reads row ``c_prev = 0``, a virtual start state; the other rows at
 s = 0 are never read. Entries with s+d > T are -inf in :func:`edges_from_streaming`; entries with s+d > L_b are
 never read for sequence b. Memory is O(B T K C²): use the streaming API for anything but small problems.
+
+The methods of :class:`SemiMarkov` dispatch on :data:`EXACT_TREE` (method, then semiring): one route per semiring
+for ``logpartition`` and one per semiring for ``marginals``, recorded like every route.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
 from provable_kernels import validate
 from provable_kernels.semicrf.call import check_scores
-from provable_kernels.semiring import KMax, Log, Max, Semiring
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
+from provable_kernels.semiring import Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max, Semiring
 
 Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
@@ -73,6 +78,80 @@ def _edge(name: str, edge: object, log_space: bool) -> torch.Tensor:
     return edge
 
 
+SEMIRING_KINDS = (("log", Log), ("max", Max), ("counting", Counting), ("entropy", Entropy),
+                  ("cross_entropy", CrossEntropy), ("kl_divergence", KLDivergence), ("kmax", KMax))
+MARGINAL_KINDS = ("log", "max")
+
+
+def semiring_kind(semiring: Semiring) -> str:
+    """The name of ``semiring``'s kind (its class or a subclass of it) in :data:`SEMIRING_KINDS`; TypeError
+    naming ``semiring`` for any other."""
+    for name, kind in SEMIRING_KINDS:
+        if isinstance(semiring, kind):
+            return name
+    raise TypeError(f"semiring must be one of {', '.join(k.__name__ for _, k in SEMIRING_KINDS)} (an instance), "
+                    f"got {semiring!r}")
+
+
+@dataclass(frozen=True)
+class ExactCall:
+    """A validated call of :class:`SemiMarkov`: the ``method`` (``logpartition`` or ``marginals``), the
+    ``semiring``, the ``edge`` tensor (a pair for cross-entropy and KL) and ``lengths`` (B,) int64."""
+
+    method: str
+    semiring: Semiring
+    edge: Edge
+    lengths: torch.Tensor
+
+
+def ask_method(call: ExactCall) -> str:
+    """The method: ``logpartition`` (⊕ over segmentations) or ``marginals`` (its gradient w.r.t. the edges)."""
+    return call.method
+
+
+def ask_semiring(call: ExactCall) -> str:
+    """The kind of the semiring (:data:`SEMIRING_KINDS`: log, max, counting, entropy, cross_entropy,
+    kl_divergence, kmax)."""
+    return semiring_kind(call.semiring)
+
+
+def scan(call: ExactCall) -> torch.Tensor:
+    """The forward scan in the call's semiring: alpha[0] = one on the virtual start row 0; alpha[t, c] =
+    ⊕_{d, c_prev} alpha[t-d, c_prev] ⊗ edge[t-d, d-1, c_prev, c]; result ⊕_c alpha[L_b, c]. (B,), or (k, B)."""
+    sr, lengths = call.semiring, call.lengths
+    x = sr.convert(call.edge)  # (S, B, T, K, C, C)
+    B, T, K, C = x.shape[1:5]
+    start = torch.cat([sr.one((B, 1), x), sr.zero((B, C - 1), x)], dim=-1)  # (S, B, C)
+    alphas = [start]
+    for t in range(1, T + 1):
+        n = min(K, t)
+        durations = torch.arange(n, device=x.device)  # d - 1
+        previous = torch.stack(alphas[t - n:][::-1], dim=2)  # (S, B, n, C): alpha[t-d] for d = 1..n
+        step = sr.mul(previous.unsqueeze(-1), x[:, :, t - 1 - durations, durations])  # (S, B, n, C, C)
+        alphas.append(sr.sum(step, dim=(1, 2)))
+    final = torch.stack(alphas, dim=2)[:, torch.arange(B, device=x.device), lengths]  # (S, B, C)
+    return sr.unconvert(sr.sum(final, dim=1))
+
+
+def gradient_of_scan(call: ExactCall) -> torch.Tensor:
+    """d logpartition / d edge by autograd through :func:`scan` (a detached leaf copy of the edge)."""
+    with torch.enable_grad():
+        leaf = call.edge.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(scan(ExactCall("logpartition", call.semiring, leaf, call.lengths)).sum(),
+                                      leaf)
+    return grad
+
+
+METHOD = Condition("method", ask_method, ("logpartition", "marginals"))
+SEMIRING = Condition("semiring", ask_semiring, tuple(name for name, _ in SEMIRING_KINDS))
+MARGINAL_SEMIRING = Condition("semiring (marginals)", ask_semiring, MARGINAL_KINDS)
+EXACT_TREE = Tree("SemiMarkov", Branch(METHOD, {
+    "logpartition": Branch(SEMIRING, {name: Route(f"semicrf.exact.{name}", scan) for name, _ in SEMIRING_KINDS}),
+    "marginals": Branch(MARGINAL_SEMIRING, {name: Route(f"semicrf.exact.marginals.{name}", gradient_of_scan)
+                                            for name in MARGINAL_KINDS}),
+}))
+
+
 class SemiMarkov:
     """Exact semi-Markov CRF on edges (see the module docstring for the layout), over one semiring.
 
@@ -119,20 +198,8 @@ class SemiMarkov:
         alpha[0] = one on the virtual start row 0; alpha[t, c] = ⊕_{d, c_prev} alpha[t-d, c_prev] ⊗
         edge[t-d, d-1, c_prev, c]; result ⊕_c alpha[L_b, c]. Differentiable.
         """
-        edge, lengths = self._validate(edge, lengths)
-        sr = self.semiring
-        x = sr.convert(edge)  # (S, B, T, K, C, C)
-        B, T, K, C = x.shape[1:5]
-        start = torch.cat([sr.one((B, 1), x), sr.zero((B, C - 1), x)], dim=-1)  # (S, B, C)
-        alphas = [start]
-        for t in range(1, T + 1):
-            n = min(K, t)
-            durations = torch.arange(n, device=x.device)  # d - 1
-            previous = torch.stack(alphas[t - n:][::-1], dim=2)  # (S, B, n, C): alpha[t-d] for d = 1..n
-            step = sr.mul(previous.unsqueeze(-1), x[:, :, t - 1 - durations, durations])  # (S, B, n, C, C)
-            alphas.append(sr.sum(step, dim=(1, 2)))
-        final = torch.stack(alphas, dim=2)[:, torch.arange(B, device=x.device), lengths]  # (S, B, C)
-        return sr.unconvert(sr.sum(final, dim=1))
+        semiring_kind(self.semiring)
+        return EXACT_TREE.dispatch(ExactCall("logpartition", self.semiring, *self._validate(edge, lengths)))
 
     def marginals(self, edge: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """d logpartition / d edge: same shape (B, T, K, C, C) and dtype as ``edge`` (float32/float64), ``lengths``
@@ -145,9 +212,5 @@ class SemiMarkov:
         segmentations' indicators (fractional entries).
         """
         if not isinstance(self.semiring, (Log, Max)):
-            raise ValueError(f"marginals are defined for the Log and Max semirings, not {self.semiring!r}")
-        edge, lengths = self._validate(edge, lengths)
-        with torch.enable_grad():
-            leaf = edge.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(self.logpartition(leaf, lengths).sum(), leaf)
-        return grad
+            raise ValueError(f"semiring must be Log or Max for marginals, got {self.semiring!r}")
+        return EXACT_TREE.dispatch(ExactCall("marginals", self.semiring, *self._validate(edge, lengths)))

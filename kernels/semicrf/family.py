@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -18,7 +19,9 @@ from provable_kernels import semiring as semirings
 from provable_kernels.semicrf import autograd, oracle, torch_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
-from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
+from provable_kernels.semicrf import family_exact, family_head
+from provable_kernels.semicrf.exact import EXACT_TREE, SemiMarkov, edges_from_streaming
+from provable_kernels.semicrf.head import HEAD_TREE
 from provable_kernels.triton_math import lse_shift
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
@@ -26,6 +29,7 @@ from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, I
 from kernel_sentinel.family import FailureMode, KnownIssue, Tolerance
 
 TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
+STREAMING = ("semicrf.triton.*", "semicrf.torch.*")  # TREE's routes; family_head and family_exact register the others
 ENTRY_POINTS = {"partition": semi_crf_streaming_forward, "viterbi": semi_crf_viterbi}  # by the tree's op
 ENTRIES = {f.__name__: f for f in ENTRY_POINTS.values()}
 VITERBI = semi_crf_viterbi.__name__
@@ -48,10 +52,13 @@ class CaseShape:
 
 
 # One 2-D and one 3-D transition: the default run checks both against the references and oracles; --quick (all
-# tiny) sees 2-D transitions in the properties' random shapes and the 2-D guard only.
+# tiny) sees 3-D transitions in the properties' random shapes only. The small case reaches every kernel line
+# (`sentinel verify --coverage`): unequal lengths, and T = 20 with K = 3 puts a checkpoint every 9 steps, so the
+# training routes cross several checkpoint intervals, in the second sequence too, with a 3-D transition and both
+# projections.
 SIZES = {
-    "small": CaseShape(B=3, T=12, K=4, C=3, lengths=(12, 7, 1), transition_3d=False, proj_start=True, proj_end=True),
-    "tiny": CaseShape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=True, proj_start=True, proj_end=True),
+    "small": CaseShape(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=True, proj_start=True, proj_end=True),
+    "tiny": CaseShape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True),
 }
 
 
@@ -224,7 +231,7 @@ def _agreement(name: str, routes: tuple[str, ...], want: Any, example: Any = sha
 PROPERTIES = (
     _property("logZ >= Viterbi score", ("semicrf.*.log.*",), logz_above_best, forward_only),
     _agreement("max route == Viterbi score", ("semicrf.*.max.*",), _viterbi_score),
-    _agreement("K = 1 equals a linear-chain CRF", ("semicrf.*",), _linear_chain, lambda: shapes(K=1)),
+    _agreement("K = 1 equals a linear-chain CRF", STREAMING, _linear_chain, lambda: shapes(K=1)),
     _agreement("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"),
                lambda case: {"value": exact_backend(case)["value"]}),
     _property("gradient wrt cum_scores sums to 0 over t per label", ("semicrf.*.train",), cum_gradient_sums_to_zero),
@@ -255,7 +262,7 @@ def expect_neg_inf_iff_longer_than_K(case: Case, outputs: Outputs) -> None:
 
 
 def _transformed(name: str, argument: str, fn: Any, what: str, **options: Any) -> Adversarial:
-    return cases.transformed_input(name, ("semicrf.*",), argument, fn, what, **options)
+    return cases.transformed_input(name, STREAMING, argument, fn, what, **options)
 
 
 def _large(case: Case, scale: float, offset: float) -> Case:
@@ -274,31 +281,32 @@ LARGE = dict(expect=cases.agrees_with_reference(reference))  # logZ 1e-6, gradie
 NO_PATH = dict(allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K)
 ADVERSARIAL = (
     _transformed("all transitions -inf", "transition", lambda x: x.fill_(-math.inf), "all -inf", **NO_PATH),
-    Adversarial("all transitions -inf, 2-D transition", ("semicrf.*",), lambda c: cases.transform_argument(
+    Adversarial("all transitions -inf, 2-D transition", STREAMING, lambda c: cases.transform_argument(
         _rebuilt(c, transition_3d=False), "transition", lambda x: x.fill_(-math.inf), "all -inf"), **NO_PATH),
     _transformed("self transitions -inf", "transition", lambda x: x.masked_fill(
         torch.eye(x.shape[-1], dtype=torch.bool), -math.inf), "diagonal -inf"),
     _transformed("durations > 1 forbidden (-inf bias)", "duration_bias", lambda x: torch.cat(
         [x[:1], torch.full_like(x[1:], -math.inf)]), "rows 1: = -inf"),
-    Adversarial("scores, transitions, duration biases * 1e4", ("semicrf.*",), lambda c: _large(c, 1e4, 0), **LARGE),
-    Adversarial("offsets of 1e4 keeping the distribution", ("semicrf.*",), lambda c: _large(c, 1, 1e4), **LARGE),
-    Adversarial("length 1", ("semicrf.*",), lambda c: _rebuilt(c, lengths=(1,) + c.extra["shape"].lengths[1:])),
-    Adversarial("all lengths 1", ("semicrf.*",), lambda c: _rebuilt(c, lengths=(1,) * c.extra["shape"].B)),
-    Adversarial("T = 1", ("semicrf.*",), lambda c: _rebuilt(c, T=1, lengths=(1,) * c.extra["shape"].B)),
-    Adversarial("K > T", ("semicrf.*",), lambda c: _rebuilt(c, K=c.extra["shape"].T + 2)),
+    Adversarial("scores, transitions, duration biases * 1e4", STREAMING, lambda c: _large(c, 1e4, 0), **LARGE),
+    Adversarial("offsets of 1e4 keeping the distribution", STREAMING, lambda c: _large(c, 1, 1e4), **LARGE),
+    Adversarial("length 1", STREAMING, lambda c: _rebuilt(c, lengths=(1,) + c.extra["shape"].lengths[1:])),
+    Adversarial("all lengths 1", STREAMING, lambda c: _rebuilt(c, lengths=(1,) * c.extra["shape"].B)),
+    Adversarial("T = 1", STREAMING, lambda c: _rebuilt(c, T=1, lengths=(1,) * c.extra["shape"].B)),
+    Adversarial("K > T", STREAMING, lambda c: _rebuilt(c, K=c.extra["shape"].T + 2)),
     _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1]), math.nan), "NaN at t = 1",
                  errors_ok=True),
 )
 
 
-def _bad(argument: str, what: str, fn: Any, routes: tuple[str, ...] = ("semicrf.*",)) -> BadInput:
+def _bad(argument: str, what: str, fn: Any, routes: tuple[str, ...] = STREAMING) -> BadInput:
     """``argument`` replaced by ``fn(the case's arguments detached, its shape)``."""
     return cases.bad_input(argument, what, routes, lambda c: fn(cases.detached(c.kwargs), c.extra["shape"]))
 
 
-BAD_INPUTS = cases.standard_bad_inputs(("semicrf.*",), TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
+BAD_INPUTS = cases.standard_bad_inputs(STREAMING, TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
                                        rejects_nan=TENSORS, rejects_inf=TENSORS) + (
     _bad("cum_scores", "T = 0", lambda kw, sh: kw["cum_scores"][:, :1]),
+    _bad("cum_scores", "C = 0", lambda kw, sh: kw["cum_scores"][..., :0]),
     _bad("transition", "shape (C+1, C)", lambda kw, sh: kw["transition"].new_zeros(sh.C + 1, sh.C)),
     _bad("transition", "twice as many rows", lambda kw, sh: torch.cat([kw["transition"]] * 2)),
     _bad("duration_bias", "shape (K+1, C)", lambda kw, sh: torch.cat([kw["duration_bias"]] * 2)),
@@ -345,6 +353,14 @@ INVARIANTS = (
     Invariant("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"),
 )
 
+PARTS = {"semicrf.head.": family_head, "semicrf.exact.": family_exact}  # the registrations of the further trees
+
+
+def _part(route_id: str) -> Any:
+    """The module registering ``route_id``'s tree (this one for the streaming tree)."""
+    return next((part for prefix, part in PARTS.items() if route_id.startswith(prefix)), sys.modules[__name__])
+
+
 FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, what covers it
     FailureMode("NaN in the loss", "semicrf/partition-triton.md#numerical-guards",
                 "guide/semicrf-training.md#value-checks-and-host-syncs",
@@ -368,10 +384,16 @@ FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, 
 )
 
 FAMILY = Family(
-    name="semicrf", package=package, tree=TREE, entry_points=ENTRIES, make_case=make_case, run=run,
-    reference=reference, tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
-    oracles=(Oracle("exact backend", "small", exact_backend), Oracle("brute force", "tiny", brute_force)),
-    properties=PROPERTIES, adversarial=ADVERSARIAL, bad_inputs=BAD_INPUTS, invariants=INVARIANTS,
+    name="semicrf", package=package, tree=TREE, more_trees=(HEAD_TREE, EXACT_TREE),
+    entry_points={**ENTRIES, **family_head.ENTRY_POINTS, **family_exact.ENTRY_POINTS},
+    make_case=lambda route_id, **options: _part(route_id).make_case(route_id, **options),
+    run=lambda case: _part(case.route_id).run(case), reference=lambda case: _part(case.route_id).reference(case),
+    tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
+    oracles=(Oracle("exact backend", "small", exact_backend, STREAMING),
+             Oracle("brute force", "tiny", brute_force, STREAMING), *family_head.ORACLES, *family_exact.ORACLES),
+    properties=PROPERTIES + family_head.PROPERTIES + family_exact.PROPERTIES,
+    adversarial=ADVERSARIAL + family_head.ADVERSARIAL + family_exact.ADVERSARIAL,
+    bad_inputs=BAD_INPUTS + family_head.BAD_INPUTS + family_exact.BAD_INPUTS, invariants=INVARIANTS,
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside "
               "1..T, K < 1, NaN/+inf scores raise ValueError/TypeError naming the argument.", make_call),
@@ -393,5 +415,6 @@ FAMILY = Family(
         KnownIssue("The exact backend builds the (B, T, K, C, C) edge tensor: it is for verification and small "
                    "problems only.", "medium", "every exact-backend call; memory grows as B*T*K*C^2",
                    "use the streaming routes (the head chooses them above its memory threshold)"),
+        *family_exact.KNOWN_ISSUES,
     ),
 )

@@ -11,16 +11,22 @@ GPU; log and max semirings) and ``"exact"`` (``edges_from_streaming`` + ``SemiMa
 Semiring names: ``"log"`` (log Z), ``"max"`` (best score), ``"entropy"`` (entropy of the model's distribution
 over segmentations), ``"counting"`` (number of segmentations with a finite score, i.e. allowed by the -inf
 entries of ``transition`` / ``duration_bias``; not differentiable), ``"kmax:k"`` (the k best scores, (k, B)).
+
+The head's decisions are data: :data:`HEAD_TREE` (method, backend, semiring), evaluated by ``forward``,
+``compute_loss`` and ``decode`` and recorded by :func:`provable_kernels.dispatch.recording` like the streaming
+tree; its routes call the streaming API or the exact backend, which dispatch on their own trees.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
 from provable_kernels import validate
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
 from provable_kernels.semicrf.scoring import check_segmentation, label_starts, segmentation_score
@@ -30,6 +36,7 @@ from provable_kernels.semiring import Counting, Entropy, KMax, Log, Max, Semirin
 DEFAULT_EXACT_MAX_BYTES = 256 * 2**20  # 256 MiB
 STREAMING_SEMIRINGS = ("log", "max")
 HIDDEN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+EXACT_SEMIRINGS = ("log", "max", "entropy", "counting", "kmax")
 
 
 def parse_semiring(name: object) -> Semiring:
@@ -40,6 +47,114 @@ def parse_semiring(name: object) -> Semiring:
     if isinstance(name, str) and name.startswith("kmax:") and name[5:].isdigit() and int(name[5:]) >= 1:
         return KMax(int(name[5:]))
     raise ValueError(f"semiring must be one of {list(fixed)} or 'kmax:k' with an integer k >= 1, got {name!r}")
+
+
+@dataclass(frozen=True)
+class HeadCall:
+    """A validated call of a head method, what every head route receives: ``method`` (``forward``,
+    ``compute_loss``, ``decode``), the ``head``, its streaming ``inputs`` ``(cum_scores, transition,
+    duration_bias, lengths)``, the ``backend`` asked for (``auto``, ``streaming``, ``exact``) and the ``semiring``
+    name (``log`` for the loss and ``max`` for decode); for ``compute_loss`` the score (B,) of the validated gold
+    segmentation."""
+
+    method: str
+    head: "SemiMarkovCRFHead"
+    inputs: tuple
+    backend: str
+    semiring: str
+    gold: Optional[torch.Tensor] = None
+
+    def edge_bytes(self) -> int:
+        """Bytes of the exact backend's edge tensor: semiring channels x B x T x K x C x C x itemsize."""
+        cum_scores = self.inputs[0]
+        B, T1, C = cum_scores.shape
+        channels = parse_semiring(self.semiring).size
+        return channels * B * (T1 - 1) * self.head.max_duration * C * C * cum_scores.element_size()
+
+
+def ask_method(call: HeadCall) -> str:
+    """Which method: ``forward`` (the partition under a semiring), ``compute_loss`` (NLL of the gold segmentation)
+    or ``decode`` (the best segmentation)."""
+    return call.method
+
+
+def ask_backend(call: HeadCall) -> str:
+    """The backend the caller names; ``backend="auto"`` takes ``streaming`` for the log and max semirings (O(K C)
+    state) and ``exact`` for the others. The exact backend is refused with a ValueError naming ``exact_max_bytes``
+    when its edge tensor would exceed the head's ``exact_max_bytes`` (default ``DEFAULT_EXACT_MAX_BYTES``,
+    256 MiB): never an attempt to allocate it."""
+    backend = call.backend
+    if backend == "auto":
+        backend = "streaming" if call.semiring in STREAMING_SEMIRINGS else "exact"
+    if backend == "exact" and call.edge_bytes() > call.head.exact_max_bytes:
+        raise ValueError(
+            f"exact_max_bytes = {call.head.exact_max_bytes} is below the {call.edge_bytes()}-byte edge tensor "
+            f"(channels x B x T x K x C x C x itemsize) that the exact backend needs for semiring "
+            f"{call.semiring!r}; use backend='streaming' (log, max), smaller inputs, or a larger exact_max_bytes")
+    return backend
+
+
+def ask_streaming_semiring(call: HeadCall) -> str:
+    """The semiring, ``log`` or ``max``: the only two the streaming API computes."""
+    return call.semiring
+
+
+def ask_exact_semiring(call: HeadCall) -> str:
+    """The semiring: ``log``, ``max``, ``entropy``, ``counting`` or ``kmax`` (``kmax:k`` for every k)."""
+    return call.semiring.partition(":")[0]
+
+
+def streaming_partition(call: HeadCall) -> torch.Tensor:
+    """``semi_crf_streaming_forward`` on the head's scores (log or max semiring), (B,)."""
+    return semi_crf_streaming_forward(*call.inputs, call.head.max_duration, call.semiring,
+                                      use_triton=call.head.use_triton)
+
+
+def exact_partition(call: HeadCall) -> torch.Tensor:
+    """``edges_from_streaming`` then ``SemiMarkov(semiring).logpartition`` (counting: on the 0/1 weights of the
+    allowed edges): (B,), or (k, B) for ``kmax:k``."""
+    cum_scores, transition, duration_bias, lengths = call.inputs
+    semiring = parse_semiring(call.semiring)
+    edge = edges_from_streaming(cum_scores, transition, duration_bias, call.head.max_duration)
+    if isinstance(semiring, Counting):
+        edge = (edge.detach() > -math.inf).to(edge.dtype)
+    return SemiMarkov(semiring).logpartition(edge, lengths)
+
+
+def streaming_loss(call: HeadCall) -> torch.Tensor:
+    """NLL (B,) = log Z - score(gold): log Z from the streaming API (its hand-written backward)."""
+    return streaming_partition(call) - call.gold
+
+
+def exact_loss(call: HeadCall) -> torch.Tensor:
+    """NLL (B,) = log Z - score(gold): log Z from the exact backend (autograd through the edge tensor)."""
+    return exact_partition(call) - call.gold
+
+
+def viterbi_decode(call: HeadCall) -> ViterbiResult:
+    """``semi_crf_viterbi`` on the head's scores: the best score (B,) and its segments; no gradient."""
+    return semi_crf_viterbi(*call.inputs, call.head.max_duration, use_triton=call.head.use_triton)
+
+
+METHOD = Condition("method", ask_method, ("forward", "compute_loss", "decode"))
+BACKEND = Condition("backend", ask_backend, ("streaming", "exact"))
+STREAMING_SEMIRING = Condition("semiring (streaming)", ask_streaming_semiring, STREAMING_SEMIRINGS)
+EXACT_SEMIRING = Condition("semiring (exact)", ask_exact_semiring, EXACT_SEMIRINGS)
+
+HEAD_TREE = Tree(
+    "SemiMarkovCRFHead",
+    Branch(METHOD, {
+        "forward": Branch(BACKEND, {
+            "streaming": Branch(STREAMING_SEMIRING, {s: Route(f"semicrf.head.streaming.{s}", streaming_partition)
+                                                     for s in STREAMING_SEMIRINGS}),
+            "exact": Branch(EXACT_SEMIRING, {s: Route(f"semicrf.head.exact.{s}", exact_partition)
+                                             for s in EXACT_SEMIRINGS}),
+        }),
+        "compute_loss": Branch(BACKEND, {"streaming": Route("semicrf.head.streaming.loss", streaming_loss),
+                                         "exact": Route("semicrf.head.exact.loss", exact_loss)}),
+        "decode": Route("semicrf.head.decode", viterbi_decode),
+    }),
+)
 
 
 class SemiMarkovCRFHead(nn.Module):
@@ -107,30 +222,15 @@ class SemiMarkovCRFHead(nn.Module):
         cum_scores = torch.cat([scores.new_zeros(B, 1, self.num_classes), scores.cumsum(dim=1)], dim=1)
         return cum_scores, self.transition.to(dtype), self.duration_bias.to(dtype), lengths
 
-    def _exact(self, cum_scores, transition, duration_bias, lengths, semiring: Semiring) -> torch.Tensor:
-        B, T1, C = cum_scores.shape
-        nbytes = semiring.size * B * (T1 - 1) * self.max_duration * C * C * cum_scores.element_size()
-        if nbytes > self.exact_max_bytes:
-            raise ValueError(
-                f"the exact backend needs a {nbytes}-byte edge tensor for {semiring!r} (channels x B x T x K x C x C "
-                f"x itemsize), above exact_max_bytes = {self.exact_max_bytes}; use backend='streaming' (log, max), "
-                f"smaller inputs, or a larger exact_max_bytes")
-        edge = edges_from_streaming(cum_scores, transition, duration_bias, self.max_duration)
-        if isinstance(semiring, Counting):
-            edge = (edge.detach() > -math.inf).to(edge.dtype)
-        return SemiMarkov(semiring).logpartition(edge, lengths)
-
-    def _partition(self, inputs, backend: str, semiring: str) -> torch.Tensor:
+    def _call(self, method: str, inputs: tuple, backend: str, semiring: str,
+              gold: Optional[torch.Tensor] = None) -> HeadCall:
+        """The :class:`HeadCall` of a method on validated ``inputs``, after checking ``backend`` and ``semiring``."""
         backend = validate.choice("backend", backend, ("auto", "streaming", "exact"))
-        parsed = parse_semiring(semiring)
-        if backend == "auto":
-            backend = "streaming" if semiring in STREAMING_SEMIRINGS else "exact"
-        if backend == "exact":
-            return self._exact(*inputs, parsed)
-        if semiring not in STREAMING_SEMIRINGS:
+        parse_semiring(semiring)
+        if backend == "streaming" and semiring not in STREAMING_SEMIRINGS:
             raise ValueError(f"backend='streaming' supports semiring in {list(STREAMING_SEMIRINGS)}, got {semiring!r};"
                              f" use backend='exact' or 'auto'")
-        return semi_crf_streaming_forward(*inputs, self.max_duration, semiring, use_triton=self.use_triton)
+        return HeadCall(method, self, inputs, backend, semiring, gold)
 
     def forward(self, hidden: torch.Tensor, lengths: torch.Tensor, backend: str = "auto",
                 semiring: str = "log") -> torch.Tensor:
@@ -143,8 +243,9 @@ class SemiMarkovCRFHead(nn.Module):
         """
         checks = validate.DataChecks()
         inputs = self.streaming_inputs(hidden, lengths, checks)
+        call = self._call("forward", inputs, backend, semiring)
         ok = checks.flag()
-        return validate.poison(ok, self._partition(inputs, backend, semiring))
+        return validate.poison(ok, HEAD_TREE.dispatch(call))
 
     def compute_loss(
         self,
@@ -176,6 +277,7 @@ class SemiMarkovCRFHead(nn.Module):
         inputs = self.streaming_inputs(hidden, lengths, checks)
         cum_scores, transition, duration_bias, lengths = inputs
         B, T = cum_scores.shape[0], cum_scores.shape[1] - 1
+        lengths = lengths.clamp(1, T)  # the gold is read in range even before the pending length check raises
         labels = validate.tensor("labels", labels, ndim=2, dtypes=(torch.int64, torch.int32), device=cum_scores.device)
         validate.shape("labels", labels, (B, T), "(B, T)")
         labels = labels.long()
@@ -190,8 +292,9 @@ class SemiMarkovCRFHead(nn.Module):
         checks.expect(~forbidden.any(), lambda: f"labels: the gold segmentation of sequence "
                       f"{int(forbidden.nonzero()[0])} has score -inf (it uses a transition or duration the model "
                       f"forbids)")
+        call = self._call("compute_loss", inputs, backend, "log", gold)
         ok = checks.flag()
-        nll = validate.poison(ok, self._partition(inputs, backend, "log") - gold)
+        nll = validate.poison(ok, HEAD_TREE.dispatch(call))
         return nll if reduction == "none" else getattr(nll, reduction)()
 
     @torch.no_grad()
@@ -203,4 +306,4 @@ class SemiMarkovCRFHead(nn.Module):
         checks = validate.DataChecks(at_sync_point=True)
         inputs = self.streaming_inputs(hidden, lengths, checks)
         checks.flag()
-        return semi_crf_viterbi(*inputs, self.max_duration, use_triton=self.use_triton)
+        return HEAD_TREE.dispatch(self._call("decode", inputs, "streaming", "max"))
