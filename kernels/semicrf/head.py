@@ -184,14 +184,14 @@ class SemiMarkovCRFHead(nn.Module):
         self.transition_kind = validate.choice("transition", transition, ("static", "duration"))
         self.exact_max_bytes = validate.positive_int("exact_max_bytes", exact_max_bytes)
         if not isinstance(use_triton, bool):
-            raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+            raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")  # verify: unreached (constructor)
         self.use_triton = use_triton
         self.num_classes, self.max_duration = C, K
         self.transition = nn.Parameter(torch.zeros((C, C) if transition == "static" else (K, C, C)))
         self.duration_bias = nn.Parameter(torch.zeros(K, C))
         self.projection = None if hidden_dim is None else nn.Linear(validate.positive_int("hidden_dim", hidden_dim), C)
 
-    def extra_repr(self) -> str:
+    def extra_repr(self) -> str:  # verify: unreached (printing the module)
         return (f"num_classes={self.num_classes}, max_duration={self.max_duration}, "
                 f"transition={self.transition_kind!r}, exact_max_bytes={self.exact_max_bytes}, "
                 f"use_triton={self.use_triton}")

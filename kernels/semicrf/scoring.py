@@ -132,7 +132,7 @@ def path_score(
     NaN instead (see the host-sync policy). A -inf transition or bias on the path gives -inf.
     """
     duration_bias = validate.tensor("duration_bias", duration_bias, ndim=2, dtypes=validate.FLOAT_DTYPES)
-    if duration_bias.shape[0] < 1:
+    if duration_bias.shape[0] < 1:  # verify: unreached (a direct call with K = 0; the head passes K >= 1)
         raise ValueError(f"duration_bias must have shape (K, C) with K >= 1, got {tuple(duration_bias.shape)}")
     K = duration_bias.shape[0]
     call = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)

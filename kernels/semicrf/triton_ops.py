@@ -177,7 +177,7 @@ def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
 def _plan(call: object, semiring: Optional[str] = None, training: bool = False) -> _Plan:
     """The plan of ``call``; ``training`` selects the float64 working dtype (module docstring, precision)."""
     call = require_call(call, semiring)
-    if not triton_usable(call.cum_scores.device):
+    if not triton_usable(call.cum_scores.device):  # verify: unreached (internal guard: the tree checks the device)
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
                          f"Triton backend, got {call.cum_scores.device}")
     if call.cum_scores.device.type == "cpu" and not _interpreted():
@@ -243,7 +243,7 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=device)
     validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
     if not (isinstance(saved, tuple) and len(saved) == 4):
-        raise TypeError("saved must be the 4-tuple returned by forward_checkpointed")
+        raise TypeError("saved must be the 4-tuple returned by forward_checkpointed")  # verify: unreached (internal)
     logZ64, ck_ring, ck_ring_a, ck_offset = saved
     validate.shape("saved checkpoints", ck_ring, (plan.B, plan.checkpoint_count, plan.ring_size, plan.C),
                    "(B, T//S+1, K+1, C)")
