@@ -183,8 +183,8 @@ class SemiMarkovCRFHead(nn.Module):
         K = validate.positive_int("max_duration", max_duration)
         self.transition_kind = validate.choice("transition", transition, ("static", "duration"))
         self.exact_max_bytes = validate.positive_int("exact_max_bytes", exact_max_bytes)
-        if not isinstance(use_triton, bool):
-            raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")  # verify: unreached (constructor)
+        if not isinstance(use_triton, bool):  # verify: unreached (constructor argument)
+            raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
         self.use_triton = use_triton
         self.num_classes, self.max_duration = C, K
         self.transition = nn.Parameter(torch.zeros((C, C) if transition == "static" else (K, C, C)))
