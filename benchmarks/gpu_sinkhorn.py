@@ -60,7 +60,7 @@ def logits(B: int, n: int, device, seed: int = 0, scale: float = 1.0) -> torch.T
 def compare(x64: torch.Tensor, dtype_name: str, iters: int, domain: str, train: bool) -> dict:
     """Run the route on ``x64`` cast to the dtype; errors against the float64 loop."""
     dtype = DTYPES[dtype_name]
-    x = x64.to(dtype).requires_grad_(train)
+    x = x64.detach().to(dtype).clone().requires_grad_(train)  # a fresh leaf (float64 .to() returns x64 itself)
     with recording() as taken:
         out = sinkhorn(x, iters, domain, EPS)
     row = {"route": taken[0] if taken else None, "dtype": dtype_name, "B": x.shape[0], "n": x.shape[-1],

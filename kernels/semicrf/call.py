@@ -131,7 +131,10 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end,
                           at_sync_point=op == "viterbi")
-    return StreamingCall(**vars(scores), op=op, semiring=semiring, use_triton=use_triton)
+    # Fields spelled out: torch.compile (dynamo) cannot trace vars() of a frozen dataclass.
+    return StreamingCall(scores.cum_scores, scores.transition, scores.duration_bias, scores.lengths, scores.K,
+                         scores.proj_start, scores.proj_end, ok=scores.ok, op=op, semiring=semiring,
+                         use_triton=use_triton)
 
 
 def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
