@@ -51,13 +51,13 @@ class CaseShape:
     seed: int = 0
 
 
-# One 2-D and one 3-D transition: the default run checks both against the references and oracles; --quick (all
-# tiny) sees 3-D transitions in the properties' random shapes only. The small case reaches every kernel line
-# (`sentinel verify --coverage`): unequal lengths, and T = 20 with K = 3 puts a checkpoint every 9 steps, so the
-# training routes cross several checkpoint intervals, in the second sequence too, with a 3-D transition and both
-# projections.
+# 2-D transitions, and 3-D ones in the small case of the training routes (make_case): the default run checks both
+# against the references and oracles; --quick (all tiny) sees 3-D transitions in the properties' random shapes
+# only. The small case reaches every kernel line (`sentinel verify --coverage`): unequal lengths, and T = 20 with
+# K = 3 puts a checkpoint every 9 steps, so the training routes cross several checkpoint intervals, in the second
+# sequence too, with a 3-D transition and both projections.
 SIZES = {
-    "small": CaseShape(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=True, proj_start=True, proj_end=True),
+    "small": CaseShape(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=False, proj_start=True, proj_end=True),
     "tiny": CaseShape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True),
 }
 
@@ -96,7 +96,9 @@ def make_case_for(route_id: str, shape: CaseShape, device: torch.device, dtype: 
 
 
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
-    return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed), device, dtype)
+    """The route's case of ``size``; the small case of a training route has a 3-D transition (2-D otherwise)."""
+    train = size == "small" and TREE.path_to(route_id).get("grad") == "train"
+    return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed, transition_3d=train), device, dtype)
 
 
 def viterbi_outputs(scores: torch.Tensor, labels: torch.Tensor, starts: torch.Tensor) -> Outputs:
