@@ -12,6 +12,10 @@ selects some), eleven checks run and are reported separately, one row per route 
 - ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
   ``ValueError``/``TypeError`` where declared; never NaN.
 - ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it.
+
+Guards and bad inputs run with value checks in host mode (``value_checks("sync")``) on every device: their
+contract is the named error; the device mode that CUDA calls use by default (NaN-poisoned results, device
+asserts) is tested by the host-sync policy tests.
 - the generic checks of :mod:`kernel_sentinel.generic`, from sentinel alone: ``inputs`` (arguments unchanged,
   forward and backward), ``aliasing``, ``written`` (poisoned allocations change nothing), ``determinism``,
   ``layouts`` (non-contiguous views); at the ``small`` size, ``layouts`` at ``tiny``.
@@ -46,6 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from kernel_sentinel import console, sanitize
+from provable_kernels.validate import value_checks
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
 from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
@@ -251,7 +256,8 @@ def _guard_problem(run: RouteRun, item: Adversarial, base: Case) -> Optional[str
     """What went wrong with one adversarial input, or None."""
     case = item.make(base)  # outside the try: an error of the builder is a bug in the declaration, not a pass
     try:
-        outputs = run_route(run.family.run, case)
+        with value_checks("sync"):  # the named-error contract: on a GPU too, not NaN-poisoned device mode
+            outputs = run_route(run.family.run, case)
     except (ValueError, TypeError) as exc:
         return None if item.errors_ok else f"raised {_error(exc)}"
     except Exception as exc:
@@ -276,7 +282,8 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     for item in items:
         label = f"{item.argument} ({item.what})"
         try:
-            run.family.run(item.make(base))
+            with value_checks("sync"):  # named errors on a GPU too (device mode would poison or assert instead)
+                run.family.run(item.make(base))
         except (ValueError, TypeError) as exc:
             if not str(exc).startswith(item.argument):
                 notes.append(f"{label}: message does not start with {item.argument!r}: {_error(exc)}")
