@@ -583,7 +583,7 @@ def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, st
     for family in families:
         for mode in family.failure_modes:
             for target in (mode.read_first, mode.then):
-                broken = dashboard.broken_link(target, docs, out / GUIDE_DIR_NAME)
+                broken = dashboard.broken_link(target, docs, TRACES_DIR / GUIDE_DIR_NAME)
                 if broken:
                     raise TraceError(f"family {family.name!r}: failure mode {mode.symptom!r} links {target}: "
                                      f"{broken}")

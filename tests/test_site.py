@@ -201,7 +201,7 @@ def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, b
     each leaf of the decision tree is a link whose target page has the route's anchor."""
     from kernel_sentinel import registry
 
-    routes = [r.id for f in registry.families() for r in f.tree.routes()]
+    routes = [r.id for f in registry.families() for r in f.routes()]
     context, leaks = offline_context(browser)
     page = context.new_page()
     page.goto(base_url, wait_until="networkidle")
