@@ -14,7 +14,8 @@ with the lines reached by any family of the run.
 Declared exceptions: a comment ``# verify: unreached (reason)`` declares that a statement is not reached by
 verification, with the reason in parentheses (required). On the header of an ``if`` / ``for`` / ``while`` /
 ``with`` / ``try`` it declares the body (the header itself runs), on an ``else:`` / ``finally:`` line that clause,
-on a ``def`` or ``except`` line all of it; on a line of its own, the statement that follows. Markers live in the
+on a ``def`` (or one of its decorators) or ``except`` line all of it; on a line of its own, the statement that
+follows. Markers live in the
 code, so line numbers never drift.
 
 Verdict: a file is *judged* when every family that imports it was verified completely in this run (every route at
@@ -163,7 +164,7 @@ def _block(tree: ast.AST, line: int, text: str) -> Optional[tuple[int, int]]:
     the body (its header runs; an ``else`` needs a marker of its own); the ``else:`` / ``finally:`` clause opening
     there; or else the innermost statement spanning the line. None when no statement is there."""
     nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.stmt, ast.ExceptHandler))]
-    starting = [n for n in nodes if n.lineno == line]
+    starting = [n for n in nodes if n.lineno == line or line in {d.lineno for d in getattr(n, "decorator_list", ())}]
     if starting:
         node = max(starting, key=lambda n: n.end_lineno or n.lineno)
         if isinstance(node, HEADED):  # the header runs: the body is what is not reached

@@ -174,6 +174,20 @@ def test_marker_without_reason_or_statement_is_broken():
     assert "without a reason" in source.broken[0][1] and "no statement" in source.broken[1][1]
 
 
+def test_a_marker_before_a_decorator_declares_the_function():
+    text = textwrap.dedent('''\
+        import functools
+
+
+        # verify: unreached (a decorated function nothing calls)
+        @functools.lru_cache()
+        def f(x):
+            return x
+        ''')
+    source = coverage.analyse(text, [1, 5, 7])
+    assert [(d.first, d.last, d.reason) for d in source.declarations] == [(6, 7, "a decorated function nothing calls")]
+
+
 def test_else_and_finally_clauses_declare_their_blocks():
     text = textwrap.dedent('''\
         def f(x):

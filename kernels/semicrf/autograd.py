@@ -57,11 +57,11 @@ def _call(backend: str, cum, trans, dur, lengths, ps, pe, K: int, semiring: str)
 
 def _module(backend: str):
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")  # verify: unreached (internal)
     return BACKENDS[backend]
 
 
-def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:
+def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:  # verify: unreached (fake tensors only)
     B, T1, C = cum.shape
     return B, T1 - 1, C, min(K, T1 - 1)
 
@@ -69,6 +69,7 @@ def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:
 # ----------------------------------------------------------------------------------------------------- ops
 
 
+# verify: unreached (the custom-op path: torch.compile, export, meta and fake tensors; tests)
 @torch.library.custom_op("provable_kernels::semicrf_partition", mutates_args=())
 def _partition_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                   pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
@@ -76,7 +77,7 @@ def _partition_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: 
 
 
 @_partition_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, semiring, backend):
+def _(cum, trans, dur, lengths, ps, pe, K, semiring, backend):  # verify: unreached (fake tensors only)
     return cum.new_empty(cum.shape[0])
 
 
@@ -92,7 +93,7 @@ def _log_forward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps
 
 
 @_log_forward_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, backend):
+def _(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
     B, T, C, k = _sizes(cum, K)
     logZ, logZ64 = cum.new_empty(B), cum.new_empty(B, dtype=torch.float64)
     if backend == "torch":
@@ -116,10 +117,11 @@ def _log_backward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, p
 
 
 @_log_backward_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):
+def _(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):  # verify: unreached (fake tensors only)
     return [torch.empty_like(x) for x in (cum, trans, dur, ps, pe) if x is not None]
 
 
+# verify: unreached (the custom-op path: torch.compile, export, meta and fake tensors; tests)
 @torch.library.custom_op("provable_kernels::semicrf_viterbi", mutates_args=())
 def _viterbi_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                 pe: Optional[Tensor], K: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -128,7 +130,7 @@ def _viterbi_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Op
 
 
 @_viterbi_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, backend):
+def _(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
     B, T = cum.shape[0], cum.shape[1] - 1
     return cum.new_empty(B), cum.new_empty(B, T, dtype=torch.int64), cum.new_empty(B, T, dtype=torch.int64)
 
@@ -151,11 +153,11 @@ def _log_forward_backward(ctx, grads):
     return g_cum, g_trans, g_dur, None, g_ps, g_pe, None, None
 
 
-def _setup_log_backward(ctx, inputs, output) -> None:
+def _setup_log_backward(ctx, inputs, output) -> None:  # verify: unreached (second order only)
     pass
 
 
-def _refuse_second_order(ctx, grads):
+def _refuse_second_order(ctx, grads):  # verify: unreached (second order only: it raises; tests)
     raise SecondOrderError(SECOND_ORDER_HINT)
 
 
@@ -184,7 +186,7 @@ def partition(backend: str, call: StreamingCall) -> Tensor:
     """logZ or the best score (B,) of ``call``, no autograd graph (the inference routes)."""
     if _plain_eager(call):
         return _module(backend).partition(call)
-    return _partition_op(*_args(call), call.semiring, backend)
+    return _partition_op(*_args(call), call.semiring, backend)  # verify: unreached (compile, meta, fake)
 
 
 def log_partition(backend: str, call: StreamingCall) -> Tensor:
@@ -197,7 +199,7 @@ def viterbi(backend: str, call: StreamingCall) -> ViterbiPath:
     """The best segmentation per sequence as a :class:`ViterbiPath` (no gradient)."""
     if _plain_eager(call):
         return _module(backend).viterbi(call)
-    return ViterbiPath(*_viterbi_op(*_args(call), backend))
+    return ViterbiPath(*_viterbi_op(*_args(call), backend))  # verify: unreached (compile, meta, fake)
 
 
 def path_tensors(path: ViterbiPath, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -80,7 +80,8 @@ def make_case_for(route_id: str, shape: EdgeShape, dtype: torch.dtype, device: t
     params = [_parameters(shape, gen) for _ in range(2 if route_id in PAIRS else 1)]
     edges = [_edge(p, shape.K, dtype, device) for p in params]
     edge: Any = tuple(edges) if route_id in PAIRS else edges[0].exp() if name == "counting" else edges[0]
-    kwargs = {"semiring": SEMIRINGS[name](), "edge": edge,
+    semiring = semirings.Max if name == "max" else SEMIRINGS[name]()  # the class itself, as torch-struct writes it
+    kwargs = {"semiring": semiring, "edge": edge,
               "lengths": torch.tensor(shape.lengths, dtype=torch.int64, device=device)}
     entry = f"SemiMarkov.{method}"
     text = f"{entry} {name} {shape} {str(dtype).removeprefix('torch.')} on {device}"
@@ -294,6 +295,7 @@ BAD_INPUTS = (cases.standard_bad_inputs(SINGLE, ("edge",), rejects_nan=("edge",)
               + cases.standard_bad_inputs(ROUTES, ("lengths",)) + (
     _bad("semiring", "the string 'log'", ROUTES, lambda c: "log"),
     _bad("semiring", "the base class Semiring()", LOGPARTITION, lambda c: semirings.Semiring()),
+    _bad("semiring", "the KMax class (k missing)", LOGPARTITION, lambda c: semirings.KMax),
     _bad("edge", "4-D", SINGLE, lambda c: c.kwargs["edge"][0]),
     _bad("edge", "shape (B, T, K, C, C+1)", SINGLE, lambda c: torch.cat([c.kwargs["edge"], c.kwargs["edge"][..., :1]],
                                                                        -1)),

@@ -23,12 +23,14 @@ def _positions(lengths: torch.Tensor, T: int) -> torch.Tensor:
     return torch.arange(T, device=lengths.device) < lengths[:, None]
 
 
+# verify: unreached (public helper for users' own golds; the head uses label_starts and segmentation_score)
 def _labels(labels: object, batch: int, T: int, device: torch.device) -> torch.Tensor:
     labels = validate.tensor("labels", labels, ndim=2, dtypes=(torch.int64, torch.int32), device=device)
     validate.shape("labels", labels, (batch, T), "(B, T)")
     return labels.long()
 
 
+# verify: unreached (public helper for users' own golds; the head uses label_starts and segmentation_score)
 def starts_from_labels(labels: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """(B, T) bool segment starts for per-position ``labels`` (B, T) int32/int64 and ``lengths`` (B,) int32/int64
     in 1..T: a new segment wherever the label changes.
@@ -111,6 +113,7 @@ def segmentation_score(cum_scores, transition, duration_bias, lengths, starts, l
     return torch.where(chosen, terms, torch.zeros_like(terms)).sum(dim=1)
 
 
+# verify: unreached (public helper for users' own golds; the head uses label_starts and segmentation_score)
 def path_score(
     cum_scores: torch.Tensor,
     transition: torch.Tensor,

@@ -40,7 +40,7 @@ class ViterbiResult(NamedTuple):
         must be at least the longest path (ValueError otherwise)."""
         T = validate.positive_int("T", T)
         longest = max((path[-1].end for path in self.segments if path), default=0)
-        if T < longest:
+        if T < longest:  # verify: unreached (a caller's T shorter than a path; verify pads to the case's T)
             raise ValueError(f"T must be >= the longest path ({longest}), got {T}")
         B = len(self.segments)
         labels = torch.full((B, T), -1, dtype=torch.int64)
