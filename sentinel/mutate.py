@@ -532,6 +532,7 @@ def _selected_files(family: Any, globs: Optional[Sequence[str]], repo: Path) -> 
 
 def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional[dict[str, Any]]:
     """Run the mutants of one family; None (after a message) when there is nothing to run."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kernel_sentinel.family import matches
@@ -568,6 +569,9 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
             task = progress.add_task(f"mutate {family.name}", total=len(sample))
             for outcome in pool.map(one, sample):
                 outcomes.append(outcome)
+                progress.console.print(f"{outcome.status}: {escape(outcome.mutant.diff())}"
+                                       + (f"  ({escape(outcome.by)})" if outcome.by else ""),
+                                       highlight=False, soft_wrap=True)
                 killed = sum(o.killed for o in outcomes)
                 progress.update(task, advance=1, description=f"mutate {family.name}: {killed}/{len(outcomes)} killed")
     finally:
