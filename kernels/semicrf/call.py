@@ -85,6 +85,7 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
     (finiteness, length range) follow the host-sync policy of :class:`provable_kernels.validate.DataChecks`
     (``at_sync_point``: the caller reads results on the host anyway): a named error now, or ``Scores.ok`` for
     the caller to poison its outputs with (``lengths`` then clamped into 1..T)."""
+    # verify: unreached (torch.func transforms are refused with a hint; tests)
     if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
         raise RuntimeError(TRANSFORMS_HINT)
     cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=INPUT_DTYPES)

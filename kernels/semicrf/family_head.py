@@ -420,6 +420,8 @@ BAD_INPUTS = cases.standard_bad_inputs(ROUTES, ("hidden", "lengths"), rejects_na
     BadInput("starts", "one segment longer than K", LOSS, _one_long_segment),
     BadInput("labels", "changing inside a segment", LOSS, _label_inside_segment),
     _bad("reduction", "'avg'", LOSS, lambda c: "avg"),
+    BadInput("hidden", "an empty batch with reduction='mean'", LOSS, lambda c: c.with_kwargs(
+        f"{c.description}; B = 0, mean", hidden=c.kwargs["hidden"].detach()[:0], reduction="mean")),
     BadInput("exact_max_bytes", "below the edge tensor", ("semicrf.head.exact.*",), _small_budget),
 )
 

@@ -215,7 +215,7 @@ class SemiMarkovCRFHead(nn.Module):
         lengths = validate.lengths("lengths", lengths, B, T, device, pending)
         scores = hidden if self.projection is None else self.projection(hidden)
         pending.finite("hidden" if self.projection is None else "hidden (label scores after the projection)", scores)
-        if checks is None:
+        if checks is None:  # verify: unreached (callers without a DataChecks of their own)
             pending.verify()
         dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
         scores = scores.to(dtype)

@@ -180,7 +180,7 @@ def _plan(call: object, semiring: Optional[str] = None, training: bool = False) 
     if not triton_usable(call.cum_scores.device):  # verify: unreached (internal guard: the tree checks the device)
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
                          f"Triton backend, got {call.cum_scores.device}")
-    if call.cum_scores.device.type == "cpu" and not _interpreted():
+    if call.cum_scores.device.type == "cpu" and not _interpreted():  # verify: unreached (interpreter set late)
         raise RuntimeError("TRITON_INTERPRET=1 was set after the semi-CRF Triton kernels were imported, so they were "
                            "built for a GPU driver: set it before the first import of provable_kernels (e.g. in the "
                            "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
