@@ -286,7 +286,7 @@ ADVERSARIAL = (
     Adversarial("all transitions -inf, 2-D transition", STREAMING, lambda c: cases.transform_argument(
         _rebuilt(c, transition_3d=False), "transition", lambda x: x.fill_(-math.inf), "all -inf"), **NO_PATH),
     _transformed("self transitions -inf", "transition", lambda x: x.masked_fill(
-        torch.eye(x.shape[-1], dtype=torch.bool), -math.inf), "diagonal -inf"),
+        torch.eye(x.shape[-1], dtype=torch.bool, device=x.device), -math.inf), "diagonal -inf"),
     _transformed("durations > 1 forbidden (-inf bias)", "duration_bias", lambda x: torch.cat(
         [x[:1], torch.full_like(x[1:], -math.inf)]), "rows 1: = -inf"),
     Adversarial("scores, transitions, duration biases * 1e4", STREAMING, lambda c: _large(c, 1e4, 0), **LARGE),

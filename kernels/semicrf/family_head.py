@@ -379,7 +379,8 @@ def _bad(argument: str, what: str, routes: tuple[str, ...], fn: Any) -> BadInput
 
 def _label_inside_segment(case: Case) -> Case:
     """Segments of length 2 from position 0 on, labels 0, 1, 0, 1, ... (each segment changes label inside)."""
-    positions = torch.arange(_kw(case, "labels").shape[1]).expand_as(case.kwargs["labels"])
+    positions = torch.arange(_kw(case, "labels").shape[1], device=case.kwargs["labels"].device).expand_as(
+        case.kwargs["labels"])
     labels, starts = positions % 2, positions % 2 == 0
     return case.with_kwargs(f"{case.description}; labels alternate inside segments of 2", labels=labels,
                             starts=starts)
@@ -387,7 +388,8 @@ def _label_inside_segment(case: Case) -> Case:
 
 def _one_long_segment(case: Case) -> Case:
     """Label 0 everywhere and one segment per sequence (longer than K for a sequence of length > K)."""
-    positions = torch.arange(_kw(case, "labels").shape[1]).expand_as(case.kwargs["labels"])
+    positions = torch.arange(_kw(case, "labels").shape[1], device=case.kwargs["labels"].device).expand_as(
+        case.kwargs["labels"])
     return case.with_kwargs(f"{case.description}; one segment of label 0", labels=torch.zeros_like(positions),
                             starts=positions == 0)
 

@@ -72,7 +72,9 @@ def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, pr
     if domain == "log":
         log_kernel[(p.grid,)](*tensors, B, *steps, RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
     else:
-        prob_kernel[(p.grid,)](*tensors, B, *steps, eps, **common)
+        # eps as a one-element tensor in the compute dtype: a Python float argument reaches the kernel as float32
+        eps_tensor = torch.full((1,), eps, dtype=torch.float64 if f64 else torch.float32, device=x.device)
+        prob_kernel[(p.grid,)](*tensors, B, *steps, eps_tensor, **common)
 
 
 def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:

@@ -198,10 +198,11 @@ def _prob_step(p0, r, c, idx, eps):
 
 
 @triton.jit
-def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                         F64: tl.constexpr):
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
     s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
@@ -211,12 +212,13 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps, N: tl.constexpr, NB: tl.c
 
 
 @triton.jit
-def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps, N: tl.constexpr, NB: tl.constexpr,
+def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: tl.constexpr, NB: tl.constexpr,
                          BM: tl.constexpr, F64: tl.constexpr, CP: tl.constexpr):
     """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
     STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
     s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
     slots_r = tl.arange(0, CP)[None, None, :]
     slots_c = tl.arange(0, CP)[None, :, None]
