@@ -67,11 +67,13 @@ def test_kernel_library_has_no_import_cycle():
     for module in graph:
         if module not in state:
             visit(module, [module])
-    assert graph["provable_kernels.semicrf.dispatch"] >= {"provable_kernels.semicrf.torch_ops",
+    # dispatch's route bodies call the custom ops of autograd, which import both backends at module top
+    assert "provable_kernels.semicrf.autograd" in graph["provable_kernels.semicrf.dispatch"]
+    assert graph["provable_kernels.semicrf.autograd"] >= {"provable_kernels.semicrf.torch_ops",
                                                           "provable_kernels.semicrf.triton_ops"}
 
 
-RUNTIME = sorted(m for m, p in MODULES.items() if p.name != "family.py")
+RUNTIME = sorted(m for m, p in MODULES.items() if not p.name.startswith("family"))  # family*.py: registration
 
 
 def test_library_imports_neither_sentinel_nor_hypothesis():
@@ -165,7 +167,7 @@ def test_record_goes_stale_when_the_oracle_changes(tmp_path, monkeypatch):
     assert "kernels/semicrf/oracle.py" in sources
     record = {"device": {"type": "cuda", "name": "H9"}, "sources": sources,
               "routes": [{"id": r.id, "dtype": str(d).removeprefix("torch."), "status": "pass"}
-                         for d in family.dtypes for r in family.tree.routes()]}
+                         for d in family.dtypes for r in family.routes()]}
     assert gate.record_problem(family, record, sources) is None
     edited = dict(sources, **{"kernels/semicrf/oracle.py": "0" * 40})
     problem = gate.record_problem(family, record, edited)

@@ -16,13 +16,15 @@ import torch
 from provable_kernels.dispatch import recording
 from provable_kernels.semicrf import head as head_module
 from provable_kernels.semicrf.exact import EXACT_TREE
-from provable_kernels.semicrf.family import FAMILY as SEMICRF
 from provable_kernels.semicrf.head import HEAD_TREE
-from kernel_sentinel import trace
+from kernel_sentinel import registry, trace
 from kernel_sentinel.family import REPO_ROOT
 from kernel_sentinel.layout import import_root
 from kernel_sentinel.routes import family_routes
 from kernel_sentinel.verify import Options, select_routes, verify_route
+
+SEMICRF = registry.family("semicrf")  # the registry is the only importer of family.py
+
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 QUICK = Options(device=DEVICE, seed=0, examples=1, quick=True)

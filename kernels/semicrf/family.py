@@ -20,6 +20,7 @@ from provable_kernels.semicrf import autograd, oracle, torch_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf import family_exact, family_head
+from provable_kernels.semicrf.family_tolerances import TOLERANCES
 from provable_kernels.semicrf.exact import EXACT_TREE, SemiMarkov, edges_from_streaming
 from provable_kernels.semicrf.head import HEAD_TREE
 from provable_kernels.triton_math import lse_shift
@@ -33,7 +34,6 @@ STREAMING = ("semicrf.triton.*", "semicrf.torch.*")  # TREE's routes; family_hea
 ENTRY_POINTS = {"partition": semi_crf_streaming_forward, "viterbi": semi_crf_viterbi}  # by the tree's op
 ENTRIES = {f.__name__: f for f in ENTRY_POINTS.values()}
 VITERBI = semi_crf_viterbi.__name__
-TOLERANCES = {torch.float32: Tolerance(atol=1e-5, rtol=1e-5), torch.float64: Tolerance(atol=1e-9, rtol=1e-9)}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from provable_kernels import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE, SemiMarkov, edges_from_streaming
+from provable_kernels.semicrf.family_tolerances import TOLERANCES
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Oracle, Outputs, Property, Tolerance
@@ -197,8 +198,6 @@ def shapes(draw: Any) -> EdgeShape:
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
     """The family's tolerance for ``dtype``."""
-    from provable_kernels.semicrf.family import TOLERANCES  # the family's one table (family.py imports this)
-
     return TOLERANCES[dtype]
 
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from provable_kernels.semicrf import oracle
+from provable_kernels.semicrf.family_tolerances import TOLERANCES
 from provable_kernels.semicrf.head import HEAD_TREE, SemiMarkovCRFHead
 from provable_kernels.semicrf.structures import Segment, ViterbiResult
 from kernel_sentinel import cases
@@ -284,8 +285,6 @@ def shapes(draw: Any) -> HeadShape:
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
     """The family's tolerance for ``dtype``."""
-    from provable_kernels.semicrf.family import TOLERANCES  # the family's one table (family.py imports this)
-
     return TOLERANCES[dtype]
 
 
