@@ -283,8 +283,9 @@ class Runner:
     # -- header
 
     def sources(self) -> dict:
-        """``sources``: git blob ids of the family's source files (``Family.source_files()``), for staleness
-        checks; empty, with ``sources_note`` saying why, when the family is not registered."""
+        """``sources``: git blob ids of the files a call of the family runs (``Family.runtime_files()``: not its
+        verification registration), for staleness checks; empty, with ``sources_note`` saying why, when the
+        family is not registered."""
         try:
             from kernel_sentinel.family import REPO_ROOT
             from kernel_sentinel.registry import families
@@ -292,7 +293,7 @@ class Runner:
             family = next((f for f in families() if f.name == self.adapter.name), None)
             if family is None:
                 return {"sources": {}, "sources_note": f"no family {self.adapter.name!r} in the sentinel registry"}
-            return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.source_files()}}
+            return {"sources": {str(p): blob_id(Path(REPO_ROOT) / p) for p in family.runtime_files()}}
         except Exception as exc:  # noqa: BLE001 - a broken registry must not cost the benchmark; recorded
             return {"sources": {}, "sources_note": f"the sentinel registry failed: {type(exc).__name__}: {exc}"}
 

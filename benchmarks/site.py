@@ -27,7 +27,8 @@ KEY_PLOTS = ("time_vs_{first}.png", "ratio_heatmap_both.png", "ratio_heatmap_for
 
 
 def current_sources(family: str) -> Optional[dict[str, str]]:
-    """Blob ids of the family's source files now (None when the family does not import)."""
+    """Blob ids of the files a call of the family runs, now (``Family.runtime_files()``; None when the family
+    does not import)."""
     try:
         from kernel_sentinel.registry import families
 
@@ -36,16 +37,18 @@ def current_sources(family: str) -> Optional[dict[str, str]]:
         return None
     if found is None:
         return None
-    return {str(p): blob_id(REPO / p) for p in found.source_files()}
+    return {str(p): blob_id(REPO / p) for p in found.runtime_files()}
 
 
 def staleness(header: dict, family: str) -> Optional[list[str]]:
-    """The source files changed, added or removed since the run (None: cannot tell)."""
+    """The files a call runs that changed or were added since the run (None: cannot tell). A removed module
+    changes the file that imported it. Files of the run's header outside today's runtime set (e.g. the
+    verification registration, recorded by older runs) are ignored."""
     now = current_sources(family)
     then = header.get("sources") or {}
     if now is None or not then:
         return None
-    return sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
+    return sorted(p for p in now if now[p] != then.get(p))
 
 
 def results_table(rows: list[dict], adapter: adapters.Adapter, baseline: str) -> list[str]:

@@ -295,6 +295,11 @@ class Family:
         the repository root (absolute for files outside it)."""
         return sorted(_relative(p) for p in imported_files(self.package))
 
+    def runtime_files(self) -> list[Path]:
+        """The files ``import <family package>`` loads, transitively: what a user's call runs (the registration
+        modules and the oracle only when the package itself imports them). Benchmarks go stale with these."""
+        return sorted(_relative(p) for p in imported_files(self.package, runtime=True))
+
     def missing_tests(self) -> list[str]:
         """Node ids of declared invariants whose test does not exist."""
         return [inv.test for inv in self.invariants if not node_exists(inv.test)]
@@ -353,15 +358,15 @@ def _imported_names(file: Path, module: str) -> set[str]:
     return names
 
 
-def imported_files(package: ModuleType) -> set[Path]:
-    """The ``.py`` files of ``package`` and of every module of ``package``'s top-level package or of the kernel
-    library (``provable_kernels``) that they import, transitively, with the ``__init__.py`` of each enclosing
-    package (importing a module runs them)."""
+def imported_files(package: ModuleType, *, runtime: bool = False) -> set[Path]:
+    """The ``.py`` files of ``package`` (only its ``__init__.py`` when ``runtime``) and of every module of
+    ``package``'s top-level package or of the kernel library (``provable_kernels``) that they import, transitively,
+    with the ``__init__.py`` of each enclosing package (importing a module runs them)."""
     pkg_dir = Path(next(iter(package.__path__))).resolve()
     roots = {top: d for top in {package.__name__.split(".")[0], KERNELS_PACKAGE}
              if (d := _package_dir(top)) is not None}
     pending = [(f, f"{package.__name__}.{f.stem}" if f.name != "__init__.py" else package.__name__)
-               for f in sorted(pkg_dir.glob("*.py"))]
+               for f in sorted(pkg_dir.glob("__init__.py" if runtime else "*.py"))]
     found: set[Path] = set()
     while pending:
         file, module = pending.pop()

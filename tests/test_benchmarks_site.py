@@ -67,3 +67,14 @@ def test_page_shows_run_plots_and_table_and_marks_stale(tmp_path):
     site.write_pages(results, pages=pages)
     text = (pages / "semicrf.md").read_text()
     assert '!!! warning "STALE"' in text and f"`{path}`" in text
+
+
+def test_a_benchmark_goes_stale_with_the_runtime_not_the_verification_registration():
+    """A benchmark times what a call runs: an edit of the family's registration (cases, checks) or oracle leaves
+    it current; an edit of a kernel or its host side makes it stale."""
+    header_sources = {**site.current_sources("sinkhorn"), "kernels/sinkhorn/family.py": "0" * 40,
+                      "kernels/sinkhorn/oracle.py": "0" * 40}
+    assert site.staleness({"sources": header_sources}, "sinkhorn") == []
+    kernel = "kernels/sinkhorn/triton_sinkhorn.py"
+    assert kernel in header_sources
+    assert site.staleness({"sources": {**header_sources, kernel: "0" * 40}}, "sinkhorn") == [kernel]

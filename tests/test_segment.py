@@ -230,7 +230,7 @@ def test_guide_example_runs():
 
 @pytest.mark.parametrize("use_triton", [True, False])
 def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
-    """With value checks on the device (the CUDA default), bad indices are clamped into bounds and the outputs
+    """With value checks on the device (the CUDA default), bad indices are replaced by valid ones and the outputs
     are NaN: never a silent number, never an out-of-bounds access."""
     from provable_kernels import validate
 

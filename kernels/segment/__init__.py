@@ -13,7 +13,7 @@ The Triton kernels cut the rows into equal row blocks whatever the segment lengt
 segments spanning blocks are finished by a combine pass in row order), so many short segments and one segment
 of millions of rows both fill the GPU; no atomics, bitwise repeatable. Value checks (sortedness, ranges) are one
 batch of device reductions: on CPU tensors a failed check raises the named error (one host read); on CUDA
-nothing is read on the host, indices are clamped into bounds and the outputs are NaN when a check failed. The
+nothing is read on the host, a bad index is swapped for a valid one and the outputs are NaN when a check failed. The
 ids form without ``num_segments`` reads S from the device (a host sync).
 """
 from provable_kernels.segment.dispatch import (

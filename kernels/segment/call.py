@@ -10,8 +10,8 @@ Conventions (one, everywhere):
 - Value checks (sortedness, ranges, offsets ending at N) run as one batch of device reductions
   (:class:`provable_kernels.validate.DataChecks`). Host mode (CPU tensors, or ``value_checks("sync")``): one
   host read, and a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
-  default, torch.compile, CUDA-graph capture): no host read; the indices are clamped (and made non-decreasing)
-  so that no kernel reads or writes out of bounds, and the fused flag turns the outputs (the adjoints' upstream
+  default, torch.compile, CUDA-graph capture): no host read; a failed check swaps the index for a valid one (one
+  elementwise pass, every row in one segment) so that no kernel reads or writes out of bounds, and the fused flag turns the outputs (the adjoints' upstream
   gradient) into NaN when a check failed: a bad index is never a silent number.
 - ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``).
 """
@@ -135,14 +135,15 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
         grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
         validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
     flag = checks.flag()
-    # device mode: nothing was read on the host; keep every index in bounds, poison results
+    # device mode: nothing was read on the host. A failed check swaps the index for a valid one (every row in the
+    # last segment, or in segment 0), so no kernel indexes out of bounds, and the flag poisons the results.
     if flag is not None:  # verify: unreached (device mode, the CUDA default; tested in tests/test_segment.py)
         if ids is not None:
-            ids = ids.clamp(0, max(S - 1, 0)).cummax(0).values
+            ids = torch.where(flag, ids, 0)
             csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))
         else:
-            inner = offsets[1:-1].clamp(0, N).cummax(0).values
-            csr = torch.cat([offsets.new_zeros(1), inner, offsets.new_full((1,), N)])[: offsets.numel()]
+            last = torch.arange(S + 1, device=x.device) == S
+            csr = torch.where(flag, offsets, torch.where(last, N, 0).to(offsets.dtype))
         if grad_output is not None:
             grad_output = validate.poison(flag, grad_output)
     return SegmentCall(op, x, reduce, offsets, ids, csr, S, float(empty), use_triton, grad_output, flag)

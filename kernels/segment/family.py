@@ -520,7 +520,7 @@ FAMILY = Family(
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, dtype or device; both or neither index "
               "form; offsets not from 0 to N or decreasing; ids unsorted or out of range raise ValueError / "
-              "TypeError naming the argument (value checks: one batch; on CUDA no host read: indices clamped, "
+              "TypeError naming the argument (value checks: one batch; on CUDA no host read: a bad index swapped for a valid one, "
               "outputs NaN when a check failed).", make_call),
         Guard("Empty segments are written with `empty` by a separate pass (mean never divides by zero), and "
               "receive no gradient: no row belongs to them.", segment_fill_kernel.fn),
