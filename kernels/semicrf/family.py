@@ -311,7 +311,7 @@ ADVERSARIAL = (
                 lambda c: _rebuilt(c, C=33, transition_3d=True), **CHUNKED),
     Adversarial("C = 257, K = T = 9, 2-D transitions: two duration chunks", STREAMING,
                 lambda c: _rebuilt(c, T=9, K=9, C=257, lengths=(9, 4)), **CHUNKED),
-    _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1]), math.nan), "NaN at t = 1",
+    _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1], device=x.device), math.nan), "NaN at t = 1",
                  errors_ok=True),
 )
 
