@@ -110,12 +110,15 @@ def git(*args: str) -> str:
 
 
 def head_commit() -> str:
-    """The sha of HEAD; outside a git checkout (e.g. a copy of the tree on a GPU machine) the value of
-    ``SENTINEL_COMMIT`` if set, else ``"unknown"``. The record's blob ids, not this, identify the sources."""
+    """``SENTINEL_COMMIT`` when set (a copy of the tree sent to a GPU machine names the commit it was made from;
+    a git checkout found there may be another one), else the sha of HEAD, else ``"unknown"``. The record's blob
+    ids, not this, identify the sources."""
+    if os.environ.get("SENTINEL_COMMIT"):
+        return os.environ["SENTINEL_COMMIT"]
     try:
         return git("rev-parse", "HEAD")
     except (RuntimeError, OSError):
-        return os.environ.get("SENTINEL_COMMIT", "unknown")
+        return "unknown"
 
 
 def blob_ids(paths: Sequence[Path]) -> dict[str, str]:

@@ -298,3 +298,12 @@ def test_dtype_no_family_declares_is_a_usage_error(capsys):
 
     assert main(["verify", "--family", "semicrf", "--dtype", "bfloat16", "--device", "cpu"]) == 2
     assert "--dtype bfloat16: no selected family declares it" in capsys.readouterr().err
+
+
+def test_records_name_the_commit_given_by_sentinel_commit(monkeypatch):
+    """A copy of the tree sent to a GPU machine names its commit in SENTINEL_COMMIT; a git checkout found there
+    (another commit) must not override it."""
+    monkeypatch.setenv("SENTINEL_COMMIT", "0123abc")
+    assert records.head_commit() == "0123abc"
+    monkeypatch.delenv("SENTINEL_COMMIT")
+    assert records.head_commit() == records.git("rev-parse", "HEAD")
