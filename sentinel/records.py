@@ -177,6 +177,24 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
+def merge_record(record: dict[str, Any], order: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``record`` (rows of some routes and dtypes of a family) joined with the record already saved for the same
+    family and device when that one was made from the same sources with the same software versions: its rows of
+    other (route, dtype) keys are kept, the new rows replace the rest. Otherwise ``record`` alone (the gate then
+    names the rows it lacks). Rows follow ``order`` (the family's (route id, dtype) keys). This lets one
+    verification be recorded in parts (``sentinel verify --record --route ...``) when a whole run does not fit
+    one session on the device."""
+    path = record_path(record["family"], record["device"])
+    old = load_record(path) if path.exists() else None
+    if old is None or old["sources"] != record["sources"] or old["versions"] != record["versions"]:
+        return record
+    new_keys = {row_key(r) for r in record["routes"]}
+    rows = {row_key(r): r for r in old["routes"] if row_key(r) not in new_keys}
+    rows.update({row_key(r): r for r in record["routes"]})
+    rank = {key: i for i, key in enumerate(order)}
+    return {**record, "routes": sorted(rows.values(), key=lambda r: rank.get(row_key(r), len(rank)))}
+
+
 def save_record(record: dict[str, Any]) -> Path:
     path = record_path(record["family"], record["device"])
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,9 +32,14 @@ A check with nothing to do (no oracle, property, guard or bad input declared for
 Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, when a
 family declares an invariant whose test does not exist, or (``--coverage``, complete run) when a kernel line is
 neither reached nor declared unreached; 2 on usage errors: an unknown family, a ``--route`` glob that matches no
-route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` or ``--dtype`` (a record covers
-every route at every dtype), ``--device cuda`` without a GPU, ``--coverage`` on a GPU, ``--sanitize`` without
-a GPU or without compute-sanitizer.
+route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` / ``--dtype`` and ``--coverage``,
+``--device cuda`` without a GPU, ``--coverage`` on a GPU, ``--sanitize`` without a GPU or without
+compute-sanitizer.
+
+``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
+device when that was made from the same sources and versions (:func:`kernel_sentinel.records.merge_record`), so a
+verification too long for one session on a GPU machine is recorded in several runs. The gate accepts a record
+only when it covers every route at every dtype.
 """
 from __future__ import annotations
 
@@ -418,9 +423,8 @@ def run(args: argparse.Namespace) -> int:
         device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
     except ValueError as exc:
         return console.usage_error(str(exc))
-    if args.record and (args.route or args.dtype):
-        return console.usage_error("--record writes a record of every route of a family at every dtype; "
-                                   "drop --route / --dtype")
+    if args.record and (args.route or args.dtype) and args.coverage:
+        return console.usage_error("--coverage measures a whole run: drop it, or --route / --dtype, with --record")
     if args.record and (args.quick or args.examples):
         return console.usage_error("--record needs the full default verification; drop --quick / --examples")
     problem = unwritable({"--json": args.json, "--junit": args.junit},
@@ -480,6 +484,9 @@ def run(args: argparse.Namespace) -> int:
             record = records.make_record(family, info, ran)
             if reached is not None:
                 record["coverage"] = reached.for_family(family.name).as_dict()
+            if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources
+                order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
+                record = records.merge_record(record, order)
             path = records.save_record(record)
             console.err.print(f"recorded {path}")
     ok = bool(results) and all(r.passed for r in results) and not problems

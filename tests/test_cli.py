@@ -69,7 +69,8 @@ def test_usage_errors_exit_2(only_toy, capsys):
     assert "unknown family nope" in capsys.readouterr().err
     assert verify("--route", "toy.slow", "nomatch.*") == 2
     assert "--route nomatch.* matches no route" in capsys.readouterr().err
-    assert verify("--record", "--route", "toy.slow") == 2
+    assert verify("--record", "--route", "toy.slow", "--coverage") == 2
+    assert "--coverage measures a whole run" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["verify", "--no-such-option"])
     assert exc.value.code == 2
@@ -155,3 +156,35 @@ def test_cpu_refuses_kernels_compiled_before_the_interpreter_switch(monkeypatch)
     with pytest.raises(ValueError, match=r"kernels\.fake\.triton_kernel.*imported before TRITON_INTERPRET=1"):
         device.prepare("cpu")
     assert not device.interpreter_enabled()
+
+
+def test_a_record_made_in_parts_joins_rows_of_the_same_sources(only_toy, toy_family, tmp_path, monkeypatch):
+    """``--record --route`` writes part of a record; a later part from the same sources joins it (rows in the
+    family's order, a re-run row replaced); a part from other sources starts the record again."""
+    from kernel_sentinel import gate
+
+    monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
+    family = toy_family()
+    path = records.record_path("toy", INFO)
+
+    def record_verify(route: str) -> int:
+        return main(["verify", "--device", DEVICE, "--record", "--route", route])
+
+    def rows() -> list[tuple[str, str]]:
+        return [(r["id"], r["status"]) for r in records.load_record(path)["routes"]]
+
+    assert record_verify("toy.slow") == 0
+    assert rows() == [("toy.slow", "pass")]
+    current = records.blob_ids(family.source_files())
+    assert "lacks routes toy.fast" in gate.record_problem(family, records.load_record(path), current)
+    assert record_verify("toy.fast") == 1
+    order = [r.id for r in family.routes()]
+    assert rows() == sorted([("toy.fast", "fail"), ("toy.slow", "pass")], key=lambda row: order.index(row[0]))
+    assert record_verify("toy.slow") == 0 and len(rows()) == 2  # replaced, not appended
+    assert "toy.fast" in gate.record_problem(family, records.load_record(path), current)  # it failed
+
+    stale = records.load_record(path)
+    stale["sources"] = {name: "0" * 40 for name in stale["sources"]}
+    path.write_text(records.dumps(stale))
+    assert record_verify("toy.slow") == 0
+    assert rows() == [("toy.slow", "pass")]
