@@ -364,12 +364,19 @@ def _expect_reference(case: Case, outputs: Outputs) -> None:
         expect_close(name, outputs[name], want, TOLERANCES[case.kwargs["x"].dtype])
 
 
+# rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY empty segments in
+# one tile take three windows
+MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one row block
 ADVERSARIAL = (
     Adversarial("empty segments at both ends and inside", ("segment.*",),
                 lambda c: _with_lengths((0, 0) + c.extra["shape"].lengths + (0,), "empty segments")(c),
                 expect=_expect_empty),
+    Adversarial(f"{MANY} empty segments after the first: rows find their segment past the first "
+                f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries", ("segment.*",),
+                lambda c: _with_lengths(c.extra["shape"].lengths[:1] + (0,) * MANY + c.extra["shape"].lengths[1:],
+                                        f"{MANY} empty segments")(c), expect=_expect_reference),
     Adversarial("every segment empty (N = 0)", NO_ROWS_ROUTES, _with_lengths((0, 0, 0), "N = 0"),
                 expect=_expect_empty),
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
