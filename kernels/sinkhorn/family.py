@@ -253,6 +253,8 @@ ADVERSARIAL = (
     Adversarial("logits of +-1e4 with -inf entries", ALL,
                 _values(lambda x: _set((..., 0, 0), -math.inf)(x * 1e4), "* 1e4, x[..., 0, 0] = -inf"),
                 expect=_against_reference),
+    Adversarial("every logit + 1e3 (rows far from 0: exp overflows unless each row is shifted by its max)", ALL,
+                _values(lambda x: x + 1e3, "+ 1e3"), expect=_against_reference),
     Adversarial("rows spanning just under the scaling-form limit (30)", ALL,
                 _values(lambda x: torch.where(x > 0, 0.0, -29.9), "entries 0 or -29.9"),
                 expect=_against_reference),
