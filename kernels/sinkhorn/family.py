@@ -267,6 +267,8 @@ ADVERSARIAL = (
                 expect=_against_reference),
     Adversarial("n = 1", SMALL_N, lambda c: _rebuilt(c, n=1), expect=_against_reference),
     Adversarial("iters = 1", ALL, lambda c: _rebuilt(c, iters=1), expect=_against_reference),
+    Adversarial("iters = 10 (the backward replays from several kept scalings)", ALL,
+                lambda c: _rebuilt(c, iters=10), expect=_against_reference),
     Adversarial("no leading dims", ALL, lambda c: _rebuilt(c, lead=()), expect=_against_reference),
     Adversarial("B = 0", ALL, lambda c: _rebuilt(c, lead=(0,))),
     Adversarial("eps = 0 with an all -inf column", tuple(r for r in WITH_DOMAIN if ".prob." in r),
