@@ -25,7 +25,7 @@ def lse_parts(x, axis: tl.constexpr):
 
 
 @triton.jit
-def lse_merge(top, total, chunk_top, chunk_total):  # verify: unreached (only several chunks)
+def lse_merge(top, total, chunk_top, chunk_total):
     """Merge two (max, sum exp) pairs of an online logsumexp (e.g. over chunks of a long axis)."""
     new = tl.maximum(top, chunk_top)
     shift = lse_shift(new)

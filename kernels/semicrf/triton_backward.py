@@ -105,7 +105,6 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
     top, total, seg, starts = _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur0, trans0,
                                              g_trans, cols, cmask, TRANS_3D, FT)
     dur_acc += seg
-    # verify: unreached (several duration chunks: K C^2 above the 4096-element tile, too large for the interpreter)
     for k in range(1, NCHUNK):
         d = k * DB + 1 + tl.arange(0, DB)
         if TRANS_3D:

@@ -129,7 +129,6 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, 
     d = 1 + tl.arange(0, DB)
     top, total, best_d, best_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur0, trans0, cols, cmask,
                                                   LOG, TRANS_3D, WRITE_BP, CT)
-    # verify: unreached (several duration chunks: K C^2 above the 4096-element tile, too large for the interpreter)
     for k in range(1, NCHUNK):
         d = k * DB + 1 + tl.arange(0, DB)
         if TRANS_3D:
