@@ -15,11 +15,9 @@ import csv
 import functools
 import hashlib
 import json
-import os
 import math
 import platform
 import statistics
-import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -330,14 +328,11 @@ def environment(device: torch.device, packages: Sequence[str] = ()) -> dict:
 
 
 def current_commit() -> str:
-    """``SENTINEL_COMMIT`` when set (copies of the tree without git, e.g. on the GPU machine), else git's HEAD."""
-    if os.environ.get("SENTINEL_COMMIT"):
-        return os.environ["SENTINEL_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit results are stamped with: the verification records' rule
+    (:func:`kernel_sentinel.records.head_commit`: ``SENTINEL_COMMIT`` when set, else git's HEAD)."""
+    from kernel_sentinel.records import head_commit
+
+    return head_commit()
 
 
 def blob_id(path: Path) -> str:

@@ -121,6 +121,18 @@ def agrees_with_reference(reference: Callable[[Case], Outputs], value_rtol: floa
     return expect_reference
 
 
+def matches_reference(reference: Callable[[Case], Outputs], tolerance: Callable[[Case], Tolerance],
+                      source: str = "float64 reference") -> Callable[[Case, Outputs], None]:
+    """An ``Adversarial.expect``: every output of ``reference(case)`` is matched by the route's output of the same
+    name within ``tolerance(case)`` (the family's tolerance for the case's dtype), measured like the reference
+    check."""
+    def expect_reference(case: Case, outputs: Outputs) -> None:
+        tol = tolerance(case)
+        for name, want in reference(case).items():
+            expect_close(f"{name} vs {source}", outputs[name], want, tol)
+    return expect_reference
+
+
 def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
                       what: str, **options: Any) -> Adversarial:
     """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64

@@ -11,8 +11,9 @@ Conventions (one, everywhere):
   (:class:`provable_kernels.validate.DataChecks`). Host mode (CPU tensors, or ``value_checks("sync")``): one
   host read, and a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
   default, torch.compile, CUDA-graph capture): no host read; a failed check swaps the index for a valid one (one
-  elementwise pass, every row in one segment) so that no kernel reads or writes out of bounds, and the fused flag turns the outputs (the adjoints' upstream
-  gradient) into NaN when a check failed: a bad index is never a silent number.
+  elementwise pass, every row in one segment) so that no kernel reads or writes out of bounds, and the fused flag
+  turns the outputs (the adjoints' upstream gradient) into NaN when a check failed: a bad index is never a silent
+  number.
 - ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``).
 """
 from __future__ import annotations

@@ -358,10 +358,9 @@ def _without_num_segments(case: Case) -> Case:
     return Case(case.route_id, case.entry, kw, case.description + "; no num_segments", case.upstream, case.extra)
 
 
-def _expect_reference(case: Case, outputs: Outputs) -> None:
-    for name, want in reference(replace(case, kwargs={**case.kwargs,
-                                                      "num_segments": len(case.extra["shape"].lengths)})).items():
-        expect_close(name, outputs[name], want, TOLERANCES[case.kwargs["x"].dtype])
+_expect_reference = cases.matches_reference(
+    lambda c: reference(replace(c, kwargs={**c.kwargs, "num_segments": len(c.extra["shape"].lengths)})),
+    lambda c: TOLERANCES[c.kwargs["x"].dtype])
 
 
 # rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY empty segments in
@@ -527,8 +526,8 @@ FAMILY = Family(
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, dtype or device; both or neither index "
               "form; offsets not from 0 to N or decreasing; ids unsorted or out of range raise ValueError / "
-              "TypeError naming the argument (value checks: one batch; on CUDA no host read: a bad index swapped for a valid one, "
-              "outputs NaN when a check failed).", make_call),
+              "TypeError naming the argument (value checks: one batch; on CUDA no host read: a bad index swapped "
+              "for a valid one, outputs NaN when a check failed).", make_call),
         Guard("Empty segments are written with `empty` by a separate pass (mean never divides by zero), and "
               "receive no gradient: no row belongs to them.", segment_fill_kernel.fn),
         Guard("Segments spanning row blocks are combined in row order from per-block pieces: no atomics, bitwise "

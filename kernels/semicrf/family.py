@@ -25,7 +25,7 @@ from provable_kernels.semicrf.exact import EXACT_TREE, SemiMarkov, edges_from_st
 from provable_kernels.semicrf.head import HEAD_TREE
 from provable_kernels.triton_math import lse_shift
 from kernel_sentinel import cases
-from kernel_sentinel.checks import compare_outputs, expect, expect_close, run_route
+from kernel_sentinel.checks import expect, expect_close
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
 from kernel_sentinel.family import FailureMode, KnownIssue, Tolerance
 
@@ -282,16 +282,9 @@ def _large(case: Case, scale: float, offset: float) -> Case:
 LARGE = dict(expect=cases.agrees_with_reference(reference))  # logZ 1e-6, gradients 1e-4: as for O(1) scores
 
 
-def matches_reference(case: Case, outputs: Outputs) -> None:
-    """Every output equals the float64 reference within the family's tolerance for the case's dtype."""
-    tol = TOLERANCES[case.kwargs["cum_scores"].dtype]
-    for failed in [m for m in compare_outputs(outputs, reference(case), tol, "float64 reference") if not m.ok]:
-        raise AssertionError(str(failed))
-
-
 # The Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
 # (triton_ops.config; CP = C padded to a power of two): many labels give several chunks per step, merged online.
-CHUNKED = dict(expect=matches_reference)
+CHUNKED = dict(expect=cases.matches_reference(reference, lambda c: TOLERANCES[c.kwargs["cum_scores"].dtype]))
 NO_PATH = dict(allow_inf=("value", "score"), expect=expect_neg_inf_iff_longer_than_K)
 ADVERSARIAL = (
     _transformed("all transitions -inf", "transition", lambda x: x.fill_(-math.inf), "all -inf", **NO_PATH),
@@ -311,8 +304,8 @@ ADVERSARIAL = (
                 lambda c: _rebuilt(c, C=33, transition_3d=True), **CHUNKED),
     Adversarial("C = 257, K = T = 9, 2-D transitions: two duration chunks", STREAMING,
                 lambda c: _rebuilt(c, T=9, K=9, C=257, lengths=(9, 4)), **CHUNKED),
-    _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1], device=x.device), math.nan), "NaN at t = 1",
-                 errors_ok=True),
+    _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1], device=x.device), math.nan),
+                 "NaN at t = 1", errors_ok=True),
 )
 
 
