@@ -7,6 +7,7 @@ import torch
 from provable_kernels.sinkhorn.call import SinkhornCall, require_call
 
 CLAMP = -1e5
+GAP = 50.0  # flagged entries this far below a line's largest entry weigh nothing: 64 exp(-50) < 2^-53
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -15,12 +16,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _norm(w: torch.Tensor, flag: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w -= logsumexp(w, dim)`` in flagged form (``flag`` marks entries that stand for ``w - 1e5``): a line
-    with an unflagged entry normalises over those and keeps its flags; an all-flagged line normalises over all,
-    cancelling the common -1e5, and loses its flags."""
-    has = (~flag).any(dim, keepdim=True)
-    w = w - torch.where(flag & has, float("-inf"), w).logsumexp(dim, keepdim=True)
-    return w, flag & has
+    """``w -= logsumexp(w, dim)`` in flagged form (``flag`` marks entries that stand for ``w - 1e5``). A line
+    whose flagged entries all lie more than ``GAP`` below its largest unflagged one normalises over the unflagged
+    ones and keeps its flags; any other line merges: each entry becomes its value relative to the line's largest
+    one (the -1e5 of a flag cancels against that of a flagged largest entry, so an all-flagged line keeps full
+    precision), the line normalises over all entries and loses its flags."""
+    low = torch.tensor(float("-inf"), dtype=w.dtype, device=w.device)
+    top_unflagged = torch.where(flag, low, w).amax(dim, keepdim=True).detach()
+    top_flagged = torch.where(flag, w, low).amax(dim, keepdim=True).detach()
+    merge = (top_flagged > float("-inf")) & (top_flagged + CLAMP >= top_unflagged - GAP)
+    frame = merge & (top_flagged + CLAMP >= top_unflagged)  # the line's largest entry is flagged
+    relative = (w - torch.where(frame, top_flagged, top_unflagged)) + (flag.to(w.dtype) - frame.to(w.dtype)) * CLAMP
+    v = torch.where(merge, relative, w)
+    return v - torch.where(merge | ~flag, v, low).logsumexp(dim, keepdim=True), flag & ~merge
 
 
 def _log(x: torch.Tensor, iters: int) -> torch.Tensor:

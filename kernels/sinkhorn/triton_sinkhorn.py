@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 CLAMP = tl.constexpr(-1e5)  # the log-domain convention's floor: w = max(x, -1e5)
+GAP = tl.constexpr(50.0)  # flagged entries this far below a line's largest entry weigh nothing: 64 exp(-50) < 2^-53
 
 
 @triton.jit
@@ -56,16 +57,25 @@ def _load(ptr, offs, valid, F64: tl.constexpr):
 @triton.jit
 def _norm(W, F, valid, AXIS: tl.constexpr):
     """One log-normalisation ``W -= logsumexp(W, AXIS)`` of the flagged form: an entry with ``F = 1`` stands
-    for ``W - 1e5`` (it came from the clamp). A line with any unflagged entry normalises over those (flagged
-    ones add exp(-1e5) = 0) and keeps its flags; an all-flagged line normalises over all of them, which cancels
-    the common -1e5 exactly, and clears its flags. Entries off the tile stay 0."""
+    for ``W - 1e5`` (it came from the clamp). When a line's flagged entries all lie more than ``GAP`` below its
+    largest unflagged one, they weigh nothing next to it (exp(-GAP) is below the rounding of either dtype): the
+    line normalises over its unflagged entries and keeps its flags. Otherwise it merges: each entry becomes its
+    value relative to the line's largest one (the -1e5 of a flag cancels against that of a flagged largest entry,
+    so an all-flagged line keeps full precision), the line normalises over all of them and its flags clear.
+    Entries off the tile stay 0."""
+    flagged = valid & (F != 0)
     unflagged = valid & (F == 0)
-    has = tl.expand_dims(tl.max(unflagged.to(tl.int32), axis=AXIS), AXIS) > 0
-    inc = valid & (unflagged | (has == 0))
-    mx = tl.expand_dims(tl.max(tl.where(inc, W, float("-inf")), axis=AXIS), AXIS)
+    mu = tl.expand_dims(tl.max(tl.where(unflagged, W, float("-inf")), axis=AXIS), AXIS)
+    top_flagged = tl.expand_dims(tl.max(tl.where(flagged, W, float("-inf")), axis=AXIS), AXIS)
+    mf = top_flagged + CLAMP
+    merge = (mf > float("-inf")) & (mf >= mu - GAP)
+    frame = (merge & (mf >= mu)).to(tl.int32)  # 1: the line's largest entry is flagged
+    V = tl.where(merge, (W - tl.where(frame == 1, top_flagged, mu)) + (F - frame).to(W.dtype) * CLAMP, W)
+    inc = valid & (merge | (F == 0))
+    mx = tl.expand_dims(tl.max(tl.where(inc, V, float("-inf")), axis=AXIS), AXIS)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    s = tl.expand_dims(tl.sum(tl.where(inc, tl.exp(W - mx), 0.0), axis=AXIS), AXIS)
-    return tl.where(valid, W - mx - tl.log(_safe(s)), 0.0), tl.where(has, F, 0)
+    s = tl.expand_dims(tl.sum(tl.where(inc, tl.exp(V - mx), 0.0), axis=AXIS), AXIS)
+    return tl.where(valid, V - mx - tl.log(_safe(s)), 0.0), tl.where(merge, 0, F)
 
 
 @triton.jit
