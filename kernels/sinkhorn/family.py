@@ -385,7 +385,7 @@ FAMILY = Family(
                    "[1, 0, 0] instead of the uniform row.", "high (wrong values)",
                    "rare: logits near -1e5 next to smaller ones",
                    "a line merges its flagged entries when they lie within GAP = 50 of its largest entry; the "
-                   "adversarial case 'rows whose largest logit is at or near the clamp' checks it", "PENDING"),
+                   "adversarial case 'rows whose largest logit is at or near the clamp' checks it", "f320be8"),
         KnownIssue("The backward keeps the scalings of every ceil(sqrt(iters))-th step in registers and replays the "
                    "others (about 2.5 forwards in all); blocks that run the log loop (rows spanning > 30, -inf "
                    "entries) replay every step from x: iters^2 / 2 steps.", "low (speed)",
