@@ -5,12 +5,14 @@ Each family lives in one package with the same files (the site page "The family 
 - ``call.py``: the frozen call type and its validation; imports no backend;
 - ``dispatch.py``: the declarative decision tree (data) that picks a route, the route bodies and the entry points;
 - ``torch_ops.py``: the PyTorch backend; ``triton_ops.py``: the Triton host side; ``triton_*.py``: the kernels;
-- ``autograd.py``: the ``torch.autograd.Function`` objects that join forward and hand-written backward;
+- ``autograd.py``: the custom ops (:class:`provable_kernels.custom_ops.Op`) that join forward and hand-written
+  backward;
 - ``oracle.py``: the independent float64 reference and brute force (torch and the standard library only);
-- ``family.py``: the registration with sentinel (cases per route, references, tolerances, invariants).
+- ``family.py``: the registration with sentinel (cases per route, references, tolerances, invariants); with
+  several decision trees, one part per tree in ``family_<tree>.py``.
 
 Shared pieces: :mod:`provable_kernels.dispatch` (trees and route recording), :mod:`provable_kernels.validate`
 (argument checks), :mod:`provable_kernels.semiring` (semirings for the exact backends),
 :mod:`provable_kernels.triton_math` (-inf-safe reductions for Triton kernels), :mod:`provable_kernels.alloc`
-(allocation of kernel outputs).
+(allocation of kernel outputs), :mod:`provable_kernels.custom_ops` (custom ops with an eager fast path).
 """

@@ -84,13 +84,25 @@ def lengths(name: str, x: object, batch: int, max_length: int, device: torch.dev
 
 
 def finite(name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
-    """Reject NaN (and +inf; -inf too unless ``allow_neg_inf``)."""
+    """Reject NaN (and +inf; -inf too unless ``allow_neg_inf``): one reduction and one host read, then, on
+    failure, the index of the first bad entry in the message."""
+    if x.numel() == 0 or bool(_finite_flag(x, allow_neg_inf)):
+        return
     bad = torch.isnan(x) | (x == float("inf"))
     if not allow_neg_inf:
         bad |= x == float("-inf")
     if bool(bad.any()):
         what = "NaN or +inf" if allow_neg_inf else "NaN or inf"
         raise ValueError(f"{name} contains {what} (at index {tuple(bad.nonzero()[0].tolist())})")
+
+
+def _finite_flag(x: torch.Tensor, allow_neg_inf: bool) -> torch.Tensor:
+    """0-d boolean: ``x`` (non-empty) has no NaN and no +inf (nor -inf unless ``allow_neg_inf``); max and min
+    propagate NaN, so one reduction decides."""
+    if allow_neg_inf:
+        return x.amax() < float("inf")
+    low, high = torch.aminmax(x)
+    return (low > float("-inf")) & (high < float("inf"))
 
 
 class DataChecks:
@@ -132,11 +144,7 @@ class DataChecks:
         """Queue :func:`finite`: no NaN, no +inf (nor -inf unless ``allow_neg_inf``)."""
         if x.numel() == 0:
             return
-        if allow_neg_inf:
-            ok = x.amax() < float("inf")  # max propagates NaN
-        else:
-            low, high = torch.aminmax(x)
-            ok = (low > float("-inf")) & (high < float("inf"))
+        ok = _finite_flag(x, allow_neg_inf)
         what = f"{name} contains NaN or {'+inf' if allow_neg_inf else 'inf'}"
         self._queue(x, ok, lambda: finite(name, x, allow_neg_inf=allow_neg_inf), what)
 

@@ -178,9 +178,9 @@ def test_custom_ops_pass_opcheck():
     for reduce in ("sum", "max"):
         for index in (None, ids):
             leaf = x.clone().requires_grad_()
-            torch.library.opcheck(segment_forward, (leaf, offsets, index, reduce, 0.0, True))
+            torch.library.opcheck(segment_forward.custom_op, (leaf, offsets, index, reduce, 0.0, True))
             _, arg = segment_forward(x, offsets, index, reduce, 0.0, True)
-            torch.library.opcheck(segment_backward, (upstream, offsets, index, arg, reduce, x.shape[0]))
+            torch.library.opcheck(segment_backward.custom_op, (upstream, offsets, index, arg, reduce, x.shape[0]))
 
 
 BAD = [

@@ -68,13 +68,14 @@ def test_opcheck_every_op(backend):
     lengths, K = case.lengths, case.K
     leaves = [x.clone().requires_grad_() for x in (cum, trans, dur, ps)]
     checks = [
-        (autograd._partition_op, (cum, trans, dur, lengths, ps, pe, K, "log", backend)),
-        (autograd._partition_op, (cum, trans, dur, lengths, None, None, K, "max", backend)),
-        (autograd._log_forward_op, (*leaves[:3], lengths, leaves[3], None, K, backend)),
-        (autograd._viterbi_op, (cum, trans, dur, lengths, ps, pe, K, backend)),
+        (autograd._partition_op.custom_op, (cum, trans, dur, lengths, ps, pe, K, "log", backend)),
+        (autograd._partition_op.custom_op, (cum, trans, dur, lengths, None, None, K, "max", backend)),
+        (autograd._log_forward_op.custom_op, (*leaves[:3], lengths, leaves[3], None, K, backend)),
+        (autograd._viterbi_op.custom_op, (cum, trans, dur, lengths, ps, pe, K, backend)),
     ]
     saved = autograd._log_forward_op(cum, trans, dur, lengths, ps, pe, K, backend)[1:]
-    checks.append((autograd._log_backward_op, (cum, trans, dur, lengths, ps, pe, saved, torch.ones(2), K, backend)))
+    checks.append((autograd._log_backward_op.custom_op,
+                   (cum, trans, dur, lengths, ps, pe, saved, torch.ones(2), K, backend)))
     for op, args in checks:
         torch.library.opcheck(op, args)
 

@@ -1,4 +1,5 @@
-"""The Triton segment kernels as torch custom ops, with their fake (meta) implementations and autograd.
+"""The Triton segment kernels as torch custom ops (through :class:`provable_kernels.custom_ops.Op`: plain eager
+calls skip the dispatcher), with their fake (meta) implementations and autograd.
 
 - ``provable_kernels::segment_forward(x2, csr, ids, reduce, empty, want_arg) -> (out, arg)``: ``x2`` (N, D),
   ``csr`` (S+1,) offsets, ``ids`` (N,) or None; ``out`` (S, D) in x2.dtype; ``arg`` (S, D) int32 (the
@@ -17,31 +18,30 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from provable_kernels.custom_ops import Op
 from provable_kernels.segment import triton_ops
 
 
-@torch.library.custom_op("provable_kernels::segment_forward", mutates_args=())
-def segment_forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: float,
-                    want_arg: bool) -> tuple[Tensor, Tensor]:
+def _forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: float,
+             want_arg: bool) -> tuple[Tensor, Tensor]:
     return triton_ops.forward(x2, csr, ids, reduce, empty, want_arg)
 
 
-@segment_forward.register_fake
-def _segment_forward_fake(x2, csr, ids, reduce, empty, want_arg):  # verify: unreached (fake tensors only: opcheck)
+def _forward_fake(x2, csr, ids, reduce, empty, want_arg):  # verify: unreached (fake tensors only: opcheck)
     S, D = csr.shape[0] - 1, x2.shape[1]
     with_arg = want_arg and reduce in ("max", "min")
     return x2.new_empty((S, D)), x2.new_empty((S, D) if with_arg else (0,), dtype=torch.int32)
 
 
-@torch.library.custom_op("provable_kernels::segment_backward", mutates_args=())
-def segment_backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Tensor, reduce: str,
-                     rows: int) -> Tensor:
+def _backward_impl(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Tensor, reduce: str, rows: int) -> Tensor:
     return triton_ops.backward(grad, csr, ids, arg, reduce, rows)
 
 
-@segment_backward.register_fake
-def _segment_backward_fake(grad, csr, ids, arg, reduce, rows):  # verify: unreached (fake tensors only: opcheck)
+def _backward_fake(grad, csr, ids, arg, reduce, rows):  # verify: unreached (fake tensors only: opcheck)
     return grad.new_empty((rows, grad.shape[1]))
+
+
+segment_backward = Op("segment_backward", _backward_impl, _backward_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -52,10 +52,10 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.reduce, ctx.rows = reduce, x2.shape[0]
 
 
-def _backward(ctx, grad_out: Tensor, _grad_arg: Optional[Tensor]):
+def _gradient(ctx, grad_out: Tensor, _grad_arg: Optional[Tensor]):
     csr, ids, arg = ctx.saved_tensors
     grad_x = segment_backward(grad_out.contiguous(), csr, ids, arg, ctx.reduce, ctx.rows)
     return grad_x, None, None, None, None, None
 
 
-segment_forward.register_autograd(_backward, setup_context=_setup_context)
+segment_forward = Op("segment_forward", _forward, _forward_fake, setup_context=_setup_context, backward=_gradient)

@@ -264,13 +264,17 @@ def check_ties(route_id: str, shape: CaseShape, device: torch.device, dtype: tor
 
 
 def check_nan_propagates(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
-    """A NaN row makes its segment's output NaN (that column); for max / min the first NaN gets the gradient."""
+    """A NaN row makes its segment's output NaN (that column); for max / min the first NaN gets the gradient, also
+    when the segment holds two NaNs in different row blocks."""
     case = _case(route_id, shape, device, dtype)
     x = case.kwargs["x"].detach().clone()
     if x.shape[0] == 0:
         return
     gen = torch.Generator().manual_seed(shape.seed + 2)
     rows = torch.randint(0, x.shape[0], (2,), generator=gen).tolist()
+    last = case.extra["shape"].lengths[-1]
+    if last > 1:  # two NaNs in one segment, in two row blocks when it spans them (fit): the first is the arg
+        rows += [x.shape[0] - last, x.shape[0] - 1]
     x[rows] = float("nan")
     x = x.requires_grad_(case.kwargs["x"].requires_grad)
     case = case.with_kwargs(case.description + f"; NaN rows {rows}", x=x)
@@ -366,6 +370,12 @@ _expect_reference = cases.matches_reference(
 # rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY empty segments in
 # one tile take three windows
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
+# row blocks hold ONE_BLOCK_MAX rows under the interpreter and at these sizes on a GPU: segment 0 ends one row
+# before the first edge, segment 1 one row before the second, segment 2 crosses it, then an empty segment and a
+# segment over three blocks (the combine pass and every tile carry see ties)
+EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, 2, 0, 2 * ONE_BLOCK_MAX + 5, 1)
+SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
+                        "segment.triton.*_backward")
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one row block
 ADVERSARIAL = (
@@ -381,6 +391,10 @@ ADVERSARIAL = (
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
     Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
+    Adversarial(f"segment ends one row before, at and after {ONE_BLOCK_MAX}-row block edges, a segment over "
+                f"three blocks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
+                lambda c: _with_trailing((3,), "D = 3")(_with_lengths(EDGES, f"lengths {EDGES}")(c)),
+                expect=_expect_reference),
     Adversarial("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
                                                                    "segment.triton.*.train.ids"),
                 _without_num_segments, expect=_expect_reference),

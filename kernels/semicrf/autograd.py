@@ -21,18 +21,17 @@ one float dtype (the call's compute dtype); outputs use it, integer outputs are 
 
 Route helpers: :func:`log_partition` (logZ with the hand-written backward), :func:`max_partition` (the best
 score; its gradient is the indicator of the decoded best path: the autograd of the path's score, zero where the
-best score is -inf), :func:`partition`, :func:`viterbi`. The last two (no autograd) call the backend directly
-in plain eager code on real tensors, where the op would only add dispatch time.
+best score is -inf), :func:`partition`, :func:`viterbi`. Every op is a :class:`provable_kernels.custom_ops.Op`:
+plain eager calls skip the custom-op dispatcher (tens of microseconds of host time per call).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
 
+from provable_kernels.custom_ops import Op
 from provable_kernels.semicrf import torch_ops, triton_ops
 from provable_kernels.semicrf.call import StreamingCall
 from provable_kernels.semicrf.scoring import segmentation_score
@@ -69,21 +68,17 @@ def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:  # verify: unreach
 # ----------------------------------------------------------------------------------------------------- ops
 
 
-# verify: unreached (the custom-op path: torch.compile, export, meta and fake tensors; tests)
-@torch.library.custom_op("provable_kernels::semicrf_partition", mutates_args=())
-def _partition_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
-                  pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
+def _partition_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                    pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
     return _module(backend).partition(_call(backend, cum, trans, dur, lengths, ps, pe, K, semiring))
 
 
-@_partition_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, semiring, backend):  # verify: unreached (fake tensors only)
+def _partition_fake(cum, trans, dur, lengths, ps, pe, K, semiring, backend):  # verify: unreached (fake tensors only)
     return cum.new_empty(cum.shape[0])
 
 
-@torch.library.custom_op("provable_kernels::semicrf_log_forward", mutates_args=())
-def _log_forward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
-                    pe: Optional[Tensor], K: int, backend: str) -> list[Tensor]:
+def _log_forward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                      pe: Optional[Tensor], K: int, backend: str) -> list[Tensor]:
     logZ, saved = _module(backend).forward_checkpointed(_call(backend, cum, trans, dur, lengths, ps, pe, K, "log"))
     if backend == "torch":
         saved = saved[:1]  # the float64 logZ; the checkpoints' count depends on the lengths' values: recomputed
@@ -92,8 +87,7 @@ def _log_forward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps
     return [logZ, *saved]
 
 
-@_log_forward_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
+def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
     B, T, C, k = _sizes(cum, K)
     logZ, logZ64 = cum.new_empty(B), cum.new_empty(B, dtype=torch.float64)
     if backend == "torch":
@@ -105,9 +99,8 @@ def _(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake 
     return [logZ, logZ64, ring, ring_a, cum.new_empty(B, checkpoints, dtype=torch.float64)]
 
 
-@torch.library.custom_op("provable_kernels::semicrf_log_backward", mutates_args=())
-def _log_backward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
-                     pe: Optional[Tensor], saved: list[Tensor], grad: Tensor, K: int, backend: str) -> list[Tensor]:
+def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                       pe: Optional[Tensor], saved: list[Tensor], grad: Tensor, K: int, backend: str) -> list[Tensor]:
     call = _call(backend, cum, trans, dur, lengths, ps, pe, K, "log")
     module = _module(backend)
     if backend == "torch":
@@ -116,21 +109,17 @@ def _log_backward_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, p
     return [g for g in grads if g is not None]
 
 
-@_log_backward_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):  # verify: unreached (fake tensors only)
+def _log_backward_fake(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):  # verify: unreached (fake only)
     return [torch.empty_like(x) for x in (cum, trans, dur, ps, pe) if x is not None]
 
 
-# verify: unreached (the custom-op path: torch.compile, export, meta and fake tensors; tests)
-@torch.library.custom_op("provable_kernels::semicrf_viterbi", mutates_args=())
-def _viterbi_op(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
-                pe: Optional[Tensor], K: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def _viterbi_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
+                  pe: Optional[Tensor], K: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
     path = _module(backend).viterbi(_call(backend, cum, trans, dur, lengths, ps, pe, K, "max"))
     return path.scores, path.durations, path.labels
 
 
-@_viterbi_op.register_fake
-def _(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
+def _viterbi_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
     B, T = cum.shape[0], cum.shape[1] - 1
     return cum.new_empty(B), cum.new_empty(B, T, dtype=torch.int64), cum.new_empty(B, T, dtype=torch.int64)
 
@@ -161,10 +150,12 @@ def _refuse_second_order(ctx, grads):  # verify: unreached (second order only: i
     raise SecondOrderError(SECOND_ORDER_HINT)
 
 
-torch.library.register_autograd("provable_kernels::semicrf_log_forward", _log_forward_backward,
-                                setup_context=_setup_log_forward)
-torch.library.register_autograd("provable_kernels::semicrf_log_backward", _refuse_second_order,
-                                setup_context=_setup_log_backward)
+_partition_op = Op("semicrf_partition", _partition_impl, _partition_fake)
+_viterbi_op = Op("semicrf_viterbi", _viterbi_impl, _viterbi_fake)
+_log_backward_op = Op("semicrf_log_backward", _log_backward_impl, _log_backward_fake,
+                      setup_context=_setup_log_backward, backward=_refuse_second_order)
+_log_forward_op = Op("semicrf_log_forward", _log_forward_impl, _log_forward_fake,
+                     setup_context=_setup_log_forward, backward=_log_forward_backward)
 
 
 # -------------------------------------------------------------------------------------------- route helpers
@@ -175,18 +166,9 @@ def _args(call: StreamingCall) -> tuple:
             call.K)
 
 
-def _plain_eager(call: StreamingCall) -> bool:
-    """A plain eager call on real tensors, where an op without autograd may run its backend directly and save the
-    custom-op dispatch (tens of microseconds of host time); compile, export and meta/fake tensors use the op."""
-    x = call.cum_scores
-    return not (torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor))
-
-
 def partition(backend: str, call: StreamingCall) -> Tensor:
     """logZ or the best score (B,) of ``call``, no autograd graph (the inference routes)."""
-    if _plain_eager(call):
-        return _module(backend).partition(call)
-    return _partition_op(*_args(call), call.semiring, backend)  # verify: unreached (compile, meta, fake)
+    return _partition_op(*_args(call), call.semiring, backend)
 
 
 def log_partition(backend: str, call: StreamingCall) -> Tensor:
@@ -197,9 +179,7 @@ def log_partition(backend: str, call: StreamingCall) -> Tensor:
 
 def viterbi(backend: str, call: StreamingCall) -> ViterbiPath:
     """The best segmentation per sequence as a :class:`ViterbiPath` (no gradient)."""
-    if _plain_eager(call):
-        return _module(backend).viterbi(call)
-    return ViterbiPath(*_viterbi_op(*_args(call), backend))  # verify: unreached (compile, meta, fake)
+    return ViterbiPath(*_viterbi_op(*_args(call), backend))
 
 
 def path_tensors(path: ViterbiPath, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,6 +1,7 @@
-"""The Triton kernels as torch custom ops (namespace ``provable_kernels``), with fake (meta) implementations and
-the hand-written backward registered as their autograd formula, so they run under ``torch.compile`` (fullgraph)
-and CUDA-graph capture.
+"""The Triton kernels as torch custom ops (namespace ``provable_kernels``, through
+:class:`provable_kernels.custom_ops.Op`: plain eager calls skip the dispatcher), with fake (meta)
+implementations and the hand-written backward registered as their autograd formula, so they run under
+``torch.compile`` (fullgraph) and CUDA-graph capture.
 
 - ``provable_kernels::sinkhorn_forward(x, iters, domain, eps) -> out``: ``x`` (..., n, n), ``out`` like ``x``.
 - ``provable_kernels::sinkhorn_backward(grad, x, iters, domain, eps) -> grad_x``: the exact gradient of the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from provable_kernels.custom_ops import Op
 from provable_kernels.sinkhorn import triton_ops
 
 
@@ -20,24 +22,24 @@ def _as_batch(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, n, n).contiguous()
 
 
-@torch.library.custom_op("provable_kernels::sinkhorn_forward", mutates_args=())
-def sinkhorn_forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
+def _forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
     return triton_ops.forward(_as_batch(x), iters, domain, eps).reshape(x.shape)
 
 
-@sinkhorn_forward.register_fake
-def _(x, iters, domain, eps):  # verify: unreached (fake-tensor kernel: torch.compile and opcheck, in the tests)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("provable_kernels::sinkhorn_backward", mutates_args=())
-def sinkhorn_backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
+def _backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
     return triton_ops.backward(_as_batch(grad.to(x.dtype)), _as_batch(x), iters, domain, eps).reshape(x.shape)
 
 
-@sinkhorn_backward.register_fake
-def _(grad, x, iters, domain, eps):  # verify: unreached (fake-tensor kernel: torch.compile and opcheck, in the tests)
+# verify: unreached (the fake-tensor kernels: torch.compile and opcheck, in the tests)
+def _fake_forward(x, iters, domain, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_backward(grad, x, iters, domain, eps):  # verify: unreached (fake tensors only)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+sinkhorn_backward = Op("sinkhorn_backward", _backward, _fake_backward)
 
 
 def _setup_context(ctx, inputs, output):
@@ -46,9 +48,9 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (iters, domain, eps)
 
 
-def _backward(ctx, grad):
+def _gradient(ctx, grad):
     (x,) = ctx.saved_tensors
     return sinkhorn_backward(grad, x, *ctx.args), None, None, None
 
 
-torch.library.register_autograd("provable_kernels::sinkhorn_forward", _backward, setup_context=_setup_context)
+sinkhorn_forward = Op("sinkhorn_forward", _forward, _fake_forward, setup_context=_setup_context, backward=_gradient)

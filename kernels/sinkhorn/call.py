@@ -2,16 +2,15 @@
 
 ``sinkhorn(x, iters=20, domain="log", eps=1e-6)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
 any number of leading dims (none included); ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``; ``eps`` a
-real number >= 0 (used by ``"prob"`` only). -inf entries are allowed; NaN or +inf in ``x`` is a ``ValueError``
-in host mode of the host-sync policy and NaN outputs and gradients in device mode (:class:`validate.DataChecks`).
+real number >= 0 (used by ``"prob"`` only). -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
+policy (:func:`validate.host_reads_allowed`): in host mode a ``ValueError`` (one host read, before any work); in
+device mode no check here: every backend returns NaN for each matrix that holds one, and NaN gradients for it.
 """
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from provable_kernels import validate
@@ -22,15 +21,13 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class SinkhornCall:
-    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``; ``ok`` is
-    None when the value checks were read on the host, else the device flag that the entry point poisons with."""
+    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``."""
 
     x: torch.Tensor
     iters: int
     domain: str
     eps: float
     use_triton: bool
-    ok: Optional[torch.Tensor] = None
 
     @property
     def n(self) -> int:
@@ -39,9 +36,8 @@ class SinkhornCall:
 
 def make_call(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
               use_triton: object = True) -> SinkhornCall:
-    """Validate the arguments (shapes, dtypes and types from metadata; NaN/+inf in ``x`` through
-    :class:`provable_kernels.validate.DataChecks`: one host read in host mode, a device flag in device mode) and
-    return the call."""
+    """Validate the arguments (shapes, dtypes and types from metadata; NaN/+inf in ``x`` with one host read in host
+    mode only, see the module docstring) and return the call."""
     x = validate.tensor("x", x, dtypes=DTYPES)
     if x.dim() < 2:
         raise ValueError(f"x must have at least 2 dims (..., n, n), got shape {tuple(x.shape)}")
@@ -56,9 +52,9 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
-    checks = validate.DataChecks()
-    checks.finite("x", x, allow_neg_inf=True)
-    return SinkhornCall(x, iters, domain, eps, use_triton, checks.flag())
+    if validate.host_reads_allowed(x):  # host mode: one host read, a named error before any work
+        validate.finite("x", x, allow_neg_inf=True)
+    return SinkhornCall(x, iters, domain, eps, use_triton)
 
 
 def require_call(call: object) -> SinkhornCall:

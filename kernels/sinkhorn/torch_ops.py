@@ -62,8 +62,11 @@ def _prob(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def sinkhorn(call: SinkhornCall) -> torch.Tensor:
-    """The output in ``x``'s dtype; builds an autograd graph when grad mode is on and ``x`` requires grad."""
+    """The output in ``x``'s dtype; builds an autograd graph when grad mode is on and ``x`` requires grad. A matrix
+    holding NaN or +inf comes out NaN, and so does its gradient (as on the Triton route); the others are exact."""
     call = require_call(call)
     x = call.x.to(compute_dtype(call.x.dtype))
+    poison = torch.where(x.detach().amax((-2, -1), keepdim=True) < float("inf"), 1.0, float("nan")).to(x.dtype)
+    x = x * poison  # NaN through every entry of a bad matrix, and through its whole gradient
     out = _log(x, call.iters) if call.domain == "log" else _prob(x, call.iters, call.eps)
-    return out.to(call.x.dtype)
+    return (out * poison).to(call.x.dtype)

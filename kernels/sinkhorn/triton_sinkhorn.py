@@ -55,6 +55,17 @@ def _load(ptr, offs, valid, F64: tl.constexpr):
 
 
 @triton.jit
+def _load_logits(x_ptr, offs, valid, F64: tl.constexpr):
+    """``x`` with NaN and +inf entries replaced by 0, and ``bad`` (BM, 1, 1): the matrices that held one. Their
+    outputs and gradients are stored as NaN (the value check of device mode, on chip); the replacement keeps
+    them from steering the block's shared choices (the log loop or the scaling form) for the other matrices."""
+    x = _load(x_ptr, offs, valid, F64)
+    bad_entry = valid & ((x < float("inf")) == 0)
+    bad = tl.max(tl.max(bad_entry.to(tl.int32), axis=2), axis=1)[:, None, None] > 0
+    return tl.where(bad_entry, 0.0, x), bad
+
+
+@triton.jit
 def _norm(W, F, valid, AXIS: tl.constexpr):
     """One log-normalisation ``W -= logsumexp(W, AXIS)`` of the flagged form: an entry with ``F = 1`` stands
     for ``W - 1e5`` (it came from the clamp). When a line's flagged entries all lie more than ``GAP`` below its
@@ -82,9 +93,9 @@ def _norm(W, F, valid, AXIS: tl.constexpr):
 def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
     """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
     ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
-    (0 where flagged), the gradient mask ``not x < -1e5`` (NaN passes, for poisoned calls), and whether this
-    block must run the log-domain loop (a flag, or some row of ``L`` spanning more than ``RMAX``)."""
-    x = _load(x_ptr, offs, valid, F64)
+    (0 where flagged), the gradient mask ``not x < -1e5``, whether this block must run the log-domain loop (a
+    flag, or some row of ``L`` spanning more than ``RMAX``) and the matrices holding NaN or +inf."""
+    x, bad = _load_logits(x_ptr, offs, valid, F64)
     clamped = valid & (x < CLAMP)
     m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
     flat = m == float("-inf")
@@ -95,7 +106,7 @@ def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
     span = tl.max(tl.max(tl.max(tl.where(unflagged, -L, 0.0), axis=2), axis=1), axis=0)
     flags = tl.max(tl.max(tl.max(F, axis=2), axis=1), axis=0)
     K = tl.where(unflagged, tl.exp(L), 0.0)
-    return L, F, K, valid & ((x < CLAMP) == 0), (span > RMAX) | (flags > 0)
+    return L, F, K, valid & ((x < CLAMP) == 0), (span > RMAX) | (flags > 0), bad
 
 
 @triton.jit
@@ -140,9 +151,9 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
                        F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
     S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
-    tl.store(out_ptr + offs, Q.to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_ptr + offs, tl.where(bad, float("nan"), Q).to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -153,7 +164,7 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
     from the nearest kept one (< STRIDE steps). Log loop (wide blocks): step k is replayed from ``x``."""
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
     Wb = _load(grad_ptr, offs, valid, F64)
     if use_log:
         for t in range(0, ITERS):
@@ -182,18 +193,20 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
             Wb = Wb * tl.where(t == 0, Q, 1.0)
             Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
             Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
-    tl.store(gx_ptr + offs, tl.where(keep, Wb, 0.0).to(gx_ptr.dtype.element_ty), mask=valid)
+    gx = tl.where(bad, float("nan"), tl.where(keep, Wb, 0.0))
+    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
 def _prob_prepare(x_ptr, offs, valid, eps, F64: tl.constexpr):
-    """``s = softmax(x, last dim)`` (an all -inf row gives 1/n) and ``p0 = s + eps``, 0 off the tile."""
-    x = _load(x_ptr, offs, valid, F64)
+    """``s = softmax(x, last dim)`` (an all -inf row gives 1/n), ``p0 = s + eps`` (0 off the tile), the all -inf
+    rows and the matrices holding NaN or +inf."""
+    x, bad = _load_logits(x_ptr, offs, valid, F64)
     m = tl.max(tl.where(valid, x, float("-inf")), axis=2)[:, :, None]
     z = tl.where(m == float("-inf"), 0.0, x - tl.where(m == float("-inf"), 0.0, m))
     e = tl.where(valid, tl.exp(z), 0.0)
     s = e / tl.where(valid, tl.sum(e, axis=2)[:, :, None], 1.0)
-    return s, tl.where(valid, s + eps, 0.0), m == float("-inf")
+    return s, tl.where(valid, s + eps, 0.0), m == float("-inf"), bad
 
 
 @triton.jit
@@ -213,12 +226,12 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: 
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     for t in range(0, ITERS):
         r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    tl.store(out_ptr + offs, (r * p0 * c).to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_ptr + offs, tl.where(bad, float("nan"), r * p0 * c).to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -229,7 +242,7 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
     pid = tl.program_id(0)
     offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
     slots_r = tl.arange(0, CP)[None, None, :]
     slots_c = tl.arange(0, CP)[None, :, None]
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
@@ -254,4 +267,5 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
         Pb = tl.where(valid, (Pb - tl.sum(Pb * (r * p0 * c), axis=1)[:, None, :]) / dc, 0.0)
         Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) / dr
     gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
-    tl.store(gx_ptr + offs, tl.where(flat, 0.0, gx).to(gx_ptr.dtype.element_ty), mask=valid)
+    gx = tl.where(bad, float("nan"), tl.where(flat, 0.0, gx))
+    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
