@@ -10,7 +10,8 @@ Plan (:func:`plan`, from the shapes only, so no host sync): row blocks of ``rows
 ``TARGET_BLOCKS`` of them (``MIN_ROWS`` .. ``MAX_TILES`` tiles), tiles of at most ``TILE`` elements with
 ``block_d`` columns (at most ``MAX_BLOCK_D``, a power of two for vector loads). The first segment of each block
 (``block_seg``) is found on the device by ``searchsorted`` (offsets form) or read from ``ids``. With one block
-(N <= rows) no segment spans blocks and the combine pass is not launched.
+(N <= rows) no segment spans blocks and the combine pass is not launched. Under the interpreter the tiles are
+shorter than the smallest row block and the combine pass steps over two pieces at a time (see :func:`plan`).
 """
 from __future__ import annotations
 
@@ -39,17 +40,20 @@ TARGET_BLOCKS = 4096  # row blocks wanted: enough programs to fill a GPU with lo
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when rows find their segment
 FILL_SEGMENTS = 128  # segments per program of the empty-segment fill
 COMBINE_PIECES = 4096  # elements of one tile of pieces in the combine pass
+INTERPRETED_TILE_ROWS = MIN_ROWS // 2  # the interpreter's plan: two tiles per smallest row block
+INTERPRETED_PIECES = 2  # the interpreter's plan: two pieces per combine step
 REDUCE_CODE = {"sum": 0, "mean": 1, "max": 2, "min": 3}
 
 
 @dataclass(frozen=True)
 class Plan:
     """Launch shape for N rows of D columns: ``rows`` per block (a multiple of ``block_n``), tiles of
-    (``block_n``, ``block_d``)."""
+    (``block_n``, ``block_d``), and ``pieces`` block pieces per step of the combine pass."""
 
     rows: int
     block_n: int
     block_d: int
+    pieces: int
 
     def blocks(self, N: int) -> int:
         return triton.cdiv(N, self.rows)
@@ -59,16 +63,22 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(N: int, D: int) -> Plan:
-    """The :class:`Plan` for N rows of D columns (memoised: host overhead per call)."""
+def plan(N: int, D: int, interpreted: bool = False) -> Plan:
+    """The :class:`Plan` for N rows of D columns (memoised: host overhead per call). ``interpreted`` (CPU tensors,
+    the Triton interpreter): the same row blocks, but tiles of ``INTERPRETED_TILE_ROWS`` rows and
+    ``INTERPRETED_PIECES`` pieces per combine step, so that the small verification cases run every path that
+    large GPU problems take (a tile carry inside a row block, a combine over several steps)."""
     block_d = min(triton.next_power_of_2(max(D, 1)), MAX_BLOCK_D)
     tile_rows = TILE // block_d
     rows = min(max(triton.next_power_of_2(triton.cdiv(max(N, 1), TARGET_BLOCKS)), MIN_ROWS), tile_rows * MAX_TILES)
-    return Plan(rows, min(tile_rows, rows), block_d)
+    if interpreted:
+        return Plan(rows, INTERPRETED_TILE_ROWS, block_d, INTERPRETED_PIECES)
+    return Plan(rows, min(tile_rows, rows), block_d, max(1, COMBINE_PIECES // block_d))
 
 
 def one_block(N: int, D: int) -> bool:
-    """True when every row lies in one row block: one pass, no workspace, no combine."""
+    """True when every row lies in one row block: one pass, no workspace, no combine (the same on every
+    device)."""
     return N <= plan(N, D).rows
 
 
@@ -104,7 +114,7 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
     acc_torch, acc = _acc(x2.dtype)
     code = REDUCE_CODE[reduce]
     if N:
-        p = plan(N, D)
+        p = plan(N, D, device.type == "cpu")
         blocks, column_blocks = p.blocks(N), p.column_blocks(D)
         block_seg = _first_segments(csr, ids, torch.arange(0, N, p.rows, device=device))
         part_v = alloc.empty((blocks, 2, D), dtype=acc_torch, device=device)
@@ -116,7 +126,7 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
             STORE_ARG=want_arg, ACC=acc, num_warps=4)
         if blocks > 1:
             segment_combine_kernel[(blocks - 1, column_blocks)](
-                csr, block_seg, part_v, part_i, out, arg, D, ROWS=p.rows, BP=max(1, COMBINE_PIECES // p.block_d),
+                csr, block_seg, part_v, part_i, out, arg, D, ROWS=p.rows, BP=p.pieces,
                 BD=p.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=4)
     fill_d = min(triton.next_power_of_2(D), MAX_BLOCK_D)
     empty_value = torch.full((1,), empty, dtype=x2.dtype, device=device)
@@ -133,7 +143,7 @@ def backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Ten
     gx = alloc.empty((rows, D), dtype=grad.dtype, device=grad.device)
     if rows == 0 or D == 0:
         return gx
-    p = plan(rows, D)
+    p = plan(rows, D, grad.device.type == "cpu")
     tile_seg = _first_segments(csr, ids, torch.arange(0, rows, p.block_n, device=grad.device))
     code = REDUCE_CODE[reduce]
     segment_backward_kernel[(triton.cdiv(rows, p.block_n), p.column_blocks(D))](
