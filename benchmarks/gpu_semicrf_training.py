@@ -131,7 +131,7 @@ def opcheck(out: Section) -> None:
         }
         for name, (op, op_args) in cases.items():
             try:
-                report = torch.library.opcheck(op, op_args)
+                report = torch.library.opcheck(op.custom_op, op_args)
                 out.check(all(v == "SUCCESS" for v in report.values()), dict(backend=backend, op=name,
                                                                                result=str(report)))
             except Exception as exc:

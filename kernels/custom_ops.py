@@ -30,7 +30,7 @@ def plain_eager(x: torch.Tensor) -> bool:
     """True for an eager call on a real tensor ``x``: not compiling, exporting or tracing (no torch dispatch mode
     such as fake or proxy tensors, no ``torch.func`` transform), and ``x`` a plain (not meta) tensor or
     parameter rather than a tensor subclass. Such a call may skip the custom-op dispatcher."""
-    return (type(x) in _PLAIN and not x.is_meta and not torch.compiler.is_compiling()
+    return (not torch.compiler.is_compiling() and type(x) in _PLAIN and not x.is_meta
             and _current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active())
 
 
