@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU session, in two calls of the device tool (each under its 10-minute limit), `.whl` carried:
-#     bash benchmarks/gpu_session.sh verify   # sentinel verify --device cuda --record, GPU tests, precision check
-#     bash benchmarks/gpu_session.sh bench    # every family's default benchmark grid and its analysis
+# The GPU session, in calls of the device tool (each under its 10-minute limit), `.whl` carried:
+#     bash benchmarks/gpu_session.sh verify    # sentinel verify --device cuda --record, GPU tests, precision check
+#     bash benchmarks/gpu_session.sh sanitize  # the same under compute-sanitizer (--sanitize), recorded
+#     bash benchmarks/gpu_session.sh bench     # every family's default benchmark grid and its analysis
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
 # duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
 # passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 90,
@@ -17,7 +18,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-PHASE=${1:?usage: gpu_session.sh verify|bench}
+PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench}
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
 VERIFY_FAMILIES=${VERIFY_FAMILIES:-semicrf sinkhorn segment}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
@@ -26,7 +27,7 @@ TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
 BENCH_BUDGET=${BENCH_BUDGET:-130}
 BENCH_FAMILIES=${BENCH_FAMILIES:-semicrf,sinkhorn,segment}
-GPU_TESTS="tests/test_semicrf_triton.py"  # test files whose kernels run on the GPU here
+GPU_TESTS="tests/test_semicrf_triton.py tests/test_sinkhorn.py"  # test files whose kernels run on the GPU here
 LOG=$OUT/session.log
 CODES=$OUT/exit_codes.txt
 : >"$LOG"
@@ -51,7 +52,9 @@ mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels && l
 export PYTHONPATH=/tmp/site:/tmp/import
 # The copy of the tree here has no .git: name the commit it was sent from (SENTINEL_COMMIT=<sha> bash ...).
 step nvidia-smi nvidia-smi
-if [ "$PHASE" = verify ]; then
+if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
+  SANITIZE=""
+  [ "$PHASE" = sanitize ] && SANITIZE=--sanitize  # every Triton route's cases under memcheck, racecheck, ...
   verify_start=$(date +%s)
   for family in $VERIFY_FAMILIES; do
     left=$(( VERIFY_TIMEOUT - ($(date +%s) - verify_start) ))
@@ -60,8 +63,8 @@ if [ "$PHASE" = verify ]; then
     fi
     set -f  # VERIFY_ROUTES holds globs for --route, not file names
     # shellcheck disable=SC2086 # VERIFY_ROUTES is a list of globs
-    step "verify-$family" timeout "$left" python3 -m kernel_sentinel verify --family "$family" --device cuda --record \
-      ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/verify-cuda-$family.json"
+    step "$PHASE-$family" timeout "$left" python3 -m kernel_sentinel verify --family "$family" --device cuda --record \
+      $SANITIZE ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/$PHASE-cuda-$family.json"
     set +f
     cp traces/verification/"$family"-cuda-*.json "$OUT"/ 2>/dev/null
   done
