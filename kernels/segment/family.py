@@ -368,7 +368,8 @@ _expect_reference = cases.matches_reference(
 
 
 # rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY empty segments in
-# one tile take three windows
+# one tile take three windows; placed at row ONE_BLOCK_MAX - 1, the last row of a tile in both plans (16-row tiles
+# on a GPU, 8-row tiles under the interpreter), every boundary of the windows equals that row
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
 # row blocks hold ONE_BLOCK_MAX rows under the interpreter and at these sizes on a GPU: segment 0 ends one row
 # before the first edge, segment 1 one row before the second, segment 2 crosses it, then an empty segment and a
@@ -382,10 +383,11 @@ ADVERSARIAL = (
     Adversarial("empty segments at both ends and inside", ("segment.*",),
                 lambda c: _with_lengths((0, 0) + c.extra["shape"].lengths + (0,), "empty segments")(c),
                 expect=_expect_empty),
-    Adversarial(f"{MANY} empty segments after the first: rows find their segment past the first "
-                f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries", ("segment.*",),
-                lambda c: _with_lengths(c.extra["shape"].lengths[:1] + (0,) * MANY + c.extra["shape"].lengths[1:],
-                                        f"{MANY} empty segments")(c), expect=_expect_reference),
+    Adversarial(f"{MANY} empty segments at the last row of a tile: that row finds its segment past the first "
+                f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries, all equal to it", ("segment.*",),
+                lambda c: _with_lengths(fit(c.route_id, (ONE_BLOCK_MAX - 1,) + (0,) * MANY + (1,)),
+                                        f"{MANY} empty segments at row {ONE_BLOCK_MAX - 1}")(c),
+                expect=_expect_reference),
     Adversarial("every segment empty (N = 0)", NO_ROWS_ROUTES, _with_lengths((0, 0, 0), "N = 0"),
                 expect=_expect_empty),
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
