@@ -372,9 +372,10 @@ _expect_reference = cases.matches_reference(
 # on a GPU, 8-row tiles under the interpreter), every boundary of the windows equals that row
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
 # row blocks hold ONE_BLOCK_MAX rows under the interpreter and at these sizes on a GPU: segment 0 ends one row
-# before the first edge, segment 1 one row before the second, segment 2 crosses it, then an empty segment and a
-# segment over three blocks (the combine pass and every tile carry see ties)
-EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, 2, 0, 2 * ONE_BLOCK_MAX + 5, 1)
+# before the first edge, segment 1 one row before the second, segment 2 crosses it, an empty segment, segment 4
+# ends on an edge, segment 5 starts on the next edge and ends inside that block, and segment 6 spans three blocks
+# (the combine pass and every tile carry see ties)
+EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, 2, 0, ONE_BLOCK_MAX - 1, 2, 2 * ONE_BLOCK_MAX + 5)
 SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
                         "segment.triton.*_backward")
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
@@ -393,8 +394,8 @@ ADVERSARIAL = (
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
     Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
-    Adversarial(f"segment ends one row before, at and after {ONE_BLOCK_MAX}-row block edges, a segment over "
-                f"three blocks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
+    Adversarial(f"segments ending one row before, on and after {ONE_BLOCK_MAX}-row block edges, one starting on "
+                f"an edge, one over three blocks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
                 lambda c: _with_trailing((3,), "D = 3")(_with_lengths(EDGES, f"lengths {EDGES}")(c)),
                 expect=_expect_reference),
     Adversarial("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
