@@ -234,7 +234,8 @@ def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
 def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """``x`` itself when ``ok`` is None (the checks were read on the host); otherwise ``x * where(ok, 1, NaN)``:
     the same values when every check passed, NaN values and NaN gradients (through the product) when one failed.
-    ``x`` must be a float tensor; ``ok`` a 0-d boolean from :meth:`DataChecks.flag`."""
+    ``x`` must be a float tensor; ``ok`` a 0-d boolean from :meth:`DataChecks.flag`, or any boolean that broadcasts
+    against ``x`` (e.g. one flag per matrix: only the failed ones turn NaN)."""
     if ok is None:
         return x
     if not x.is_floating_point():

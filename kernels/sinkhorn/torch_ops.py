@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from provable_kernels import validate
 from provable_kernels.sinkhorn.call import SinkhornCall, require_call
 
 CLAMP = -1e5
@@ -66,7 +67,7 @@ def sinkhorn(call: SinkhornCall) -> torch.Tensor:
     holding NaN or +inf comes out NaN, and so does its gradient (as on the Triton route); the others are exact."""
     call = require_call(call)
     x = call.x.to(compute_dtype(call.x.dtype))
-    poison = torch.where(x.detach().amax((-2, -1), keepdim=True) < float("inf"), 1.0, float("nan")).to(x.dtype)
-    x = x * poison  # NaN through every entry of a bad matrix, and through its whole gradient
+    ok = x.detach().amax((-2, -1), keepdim=True) < float("inf")  # per matrix; NaN fails the comparison too
+    x = validate.poison(ok, x)  # NaN through every entry of a bad matrix, and through its whole gradient
     out = _log(x, call.iters) if call.domain == "log" else _prob(x, call.iters, call.eps)
-    return (out * poison).to(call.x.dtype)
+    return validate.poison(ok, out).to(call.x.dtype)
