@@ -23,6 +23,7 @@ VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
 VERIFY_FAMILIES=${VERIFY_FAMILIES:-semicrf sinkhorn segment}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
 VERIFY_EXTRAS=${VERIFY_EXTRAS:-0}
+VERIFY_JOBS=${VERIFY_JOBS:-12}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
 BENCH_BUDGET=${BENCH_BUDGET:-130}
@@ -64,7 +65,7 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     set -f  # VERIFY_ROUTES holds globs for --route, not file names
     # shellcheck disable=SC2086 # VERIFY_ROUTES is a list of globs
     step "$PHASE-$family" timeout "$left" python3 -m kernel_sentinel verify --family "$family" --device cuda --record \
-      $SANITIZE ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/$PHASE-cuda-$family.json"
+      --jobs "$VERIFY_JOBS" $SANITIZE ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/$PHASE-cuda-$family.json"
     set +f
     cp traces/verification/"$family"-cuda-*.json "$OUT"/ 2>/dev/null
   done

@@ -21,13 +21,18 @@ from kernel_sentinel import console
 from kernel_sentinel.records import CheckResult, RouteResult, dumps
 
 
+def progress_bar() -> Progress:
+    """The progress bar of long sentinel runs (stderr): description, bar, done / total, elapsed time."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console.err)
+
+
 def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
                       verify_route: Callable[..., RouteResult], checks: Sequence[str]) -> list[RouteResult]:
     """``verify_route(family, route_id, options, progress, dtype)`` for each selected ``(family, route id, dtype)``,
     with a progress bar on stderr that advances once per check."""
     results = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console.err) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("verify", total=len(selected) * len(checks))
         for i, (family, route_id, dtype) in enumerate(selected):
             label = f"{route_id} {str(dtype).removeprefix('torch.')}"

@@ -45,16 +45,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import time
 import traceback
 import warnings
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import console, sanitize
+from kernel_sentinel import console, report, sanitize
 from provable_kernels.validate import value_checks
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
@@ -351,6 +354,54 @@ def sanitized(result: RouteResult, options: Options) -> RouteResult:
     return dataclasses.replace(result, checks=(*result.checks, *extra))
 
 
+# The interpreter runs kernels in numpy, which warns on log(0) = -inf.
+_INTERPRETER_WARNINGS = dict(category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+_worker_options: Optional[Options] = None  # set in each --jobs worker process by _start_worker
+
+
+def _start_worker(options: Options) -> None:
+    """Start a ``--jobs`` worker process: the parent's device (on the CPU the Triton interpreter switch, before
+    any kernel module is imported) and options."""
+    global _worker_options
+    from kernel_sentinel import device as devices
+
+    devices.prepare(options.device.type)
+    warnings.filterwarnings("ignore", **_INTERPRETER_WARNINGS)
+    _worker_options = options
+
+
+def _verify_row(family_name: str, route_id: str, dtype: str) -> RouteResult:
+    from kernel_sentinel import registry
+
+    return verify_route(registry.family(family_name), route_id, _worker_options, dtype=getattr(torch, dtype))
+
+
+def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
+                        jobs: int) -> list[RouteResult]:
+    """:func:`verify_route` for each selected ``(family, route id, dtype)`` in ``jobs`` worker processes (spawned:
+    CUDA cannot be forked), handed out one row at a time; results in the order of ``selected``. Every check
+    seeds itself, so a row gives the same result in any process. When a worker process dies (a crash, not a
+    failing check), every row not finished by then fails its ``route`` check saying so."""
+    results: list[Optional[RouteResult]] = [None] * len(selected)
+    with report.progress_bar() as progress, ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+            initargs=(options,)) as pool:
+        task = progress.add_task(f"verify, {jobs} processes", total=len(selected))
+        futures = {pool.submit(_verify_row, family.name, route_id, dtype_name(dtype)): i
+                   for i, (family, route_id, dtype) in enumerate(selected)}
+        for future in as_completed(futures):
+            family, route_id, dtype = selected[futures[future]]
+            try:
+                results[futures[future]] = future.result()
+            except BrokenProcessPool as exc:
+                detail = f"a --jobs worker process died before this row finished ({exc}); rerun it with --jobs 1"
+                results[futures[future]] = RouteResult(route_id, family.name, (
+                    CheckResult("route", False, detail, options.repro(family.name, route_id, dtype)),),
+                    dtype_name(dtype))
+            progress.update(task, advance=1, description=f"{route_id} {dtype_name(dtype)}")
+    return results
+
+
 def failure_routing(families: Sequence[Family], result: RouteResult, check: CheckResult) -> list[str]:
     """The failure-mode entries of ``result``'s family that a failure of ``check`` on its route shows, one line
     each: the symptom, the pages to read (under ``traces/``) and what covers it."""
@@ -411,13 +462,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sanitize", action="store_true",
                    help="GPU only: also run every Triton route's cases under compute-sanitizer (memcheck, racecheck, "
                         "initcheck, synccheck), one check per tool")
+    p.add_argument("--jobs", type=_positive, default=1, metavar="J",
+                   help="verify in J worker processes (default 1); a GPU run is mostly Triton compilation, which "
+                        "runs in parallel across processes; not with --coverage")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import device as devices
-    from kernel_sentinel import coverage, records, registry, report
+    from kernel_sentinel import coverage, records, registry
 
     try:
         device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
@@ -431,6 +485,8 @@ def run(args: argparse.Namespace) -> int:
                          {"--record": records.record_dir() if args.record else None})
     if problem:
         return console.usage_error(problem)
+    if args.coverage and args.jobs > 1:
+        return console.usage_error("--coverage measures one process: drop --jobs")
     if args.coverage and device.type != "cpu":
         return console.usage_error("--coverage reads the Triton kernels as Python under the interpreter: "
                                    "use --device cpu")
@@ -455,11 +511,15 @@ def run(args: argparse.Namespace) -> int:
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 
     start = time.perf_counter()
-    with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-        results = report.run_with_progress(selected, options, verify_route, options.checks)
-    if args.sanitize:
-        results = [sanitized(r, options) for r in results]
+    if args.jobs > 1:
+        results = verify_in_processes(selected, options, args.jobs)
+    else:
+        with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
+            warnings.filterwarnings("ignore", **_INTERPRETER_WARNINGS)
+            results = report.run_with_progress(selected, options, verify_route, options.checks)
+    if args.sanitize:  # each check is a compute-sanitizer process: --jobs of them at a time
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda r: sanitized(r, options), results))
     elapsed = time.perf_counter() - start
     problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
     reached = None
