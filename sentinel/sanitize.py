@@ -29,7 +29,9 @@ ERROR_EXIT = 86  # the exit code compute-sanitizer is told to use when it found 
 TIME_LIMIT = 600.0  # seconds per tool and route
 SHOWN_FINDINGS = 6
 _SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
-_HEADER = re.compile(r"^=+ (COMPUTE-SANITIZER|ERROR SUMMARY|LEAK SUMMARY|Program hit|\s*$)")
+# racecheck ends with its own summary instead; a hazard it calls a warning counts as a finding too.
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+_HEADER = re.compile(r"^=+ (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Program hit|\s*$)")
 
 
 def is_triton_route(route_id: str) -> bool:
@@ -63,8 +65,11 @@ def unavailable(device_type: str) -> Optional[str]:
 
 
 def findings(output: str) -> tuple[int, list[str]]:
-    """The error count of the tool's ``ERROR SUMMARY`` (-1 when it printed none) and its finding lines."""
+    """The error count of the tool's summary (-1 when it printed none) and its finding lines. The summary is
+    ``ERROR SUMMARY: N errors``, or for racecheck ``RACECHECK SUMMARY: H hazards displayed (E errors, W
+    warnings)``, counted as E + W."""
     counts = [int(n) for n in _SUMMARY.findall(output)]
+    counts += [int(e) + int(w) for e, w in _RACE_SUMMARY.findall(output)]
     lines = [line.strip("= ").strip() for line in output.splitlines()
              if line.startswith("=========") and not _HEADER.match(line)]
     return (sum(counts) if counts else -1), [line for line in lines if line]

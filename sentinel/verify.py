@@ -26,6 +26,9 @@ failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
+``--jobs J`` runs the rows in J spawned worker processes (:func:`verify_in_processes`); the results are those
+of one process, in the same order.
+
 ``--coverage`` (CPU) also measures which lines of each family's kernel sources the run executed
 (:mod:`kernel_sentinel.coverage`): a table per file, in the JSON report and in the records.
 

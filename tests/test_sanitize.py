@@ -19,6 +19,16 @@ MEMCHECK_OUTPUT = """\
 ========= ERROR SUMMARY: 1 error
 """
 CLEAN_OUTPUT = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
+# racecheck's own summary, as compute-sanitizer printed it on an H100 (CUDA 13.0) for a clean Sinkhorn route
+CLEAN_RACECHECK = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+RACECHECK_OUTPUT = """\
+========= COMPUTE-SANITIZER
+========= Warning: (Warp Level Programming) Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :
+=========     Write Thread (1,0,0) at 0x2b0 in _sinkhorn_kernel
+=========     Read Thread (0,0,0) at 0x2d0 in _sinkhorn_kernel
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+"""
 
 
 def test_triton_routes_are_named_by_backend():
@@ -51,6 +61,15 @@ def test_findings_and_verdicts():
     passed, detail = sanitize.verdict("racecheck", 1, "Traceback ...\nRuntimeError: boom\n")
     assert not passed and "process failed (exit 1)" in detail and "RuntimeError: boom" in detail
     assert not sanitize.verdict("initcheck", 0, "no summary at all")[0]  # no summary: never a pass
+
+
+def test_racecheck_summary_counts_errors_and_warnings():
+    assert sanitize.findings(CLEAN_RACECHECK) == (0, [])
+    assert sanitize.verdict("racecheck", 0, CLEAN_RACECHECK) == (True, "racecheck: 0 errors")
+    errors, lines = sanitize.findings(RACECHECK_OUTPUT)
+    assert errors == 1 and lines[0].startswith("Warning: (Warp Level Programming) Potential RAW hazard")
+    passed, detail = sanitize.verdict("racecheck", sanitize.ERROR_EXIT, RACECHECK_OUTPUT)
+    assert not passed and detail.startswith("racecheck: 1 errors: Warning: (Warp Level Programming)")
 
 
 def test_command_runs_the_route_process_under_each_tool():

@@ -307,3 +307,23 @@ def test_records_name_the_commit_given_by_sentinel_commit(monkeypatch):
     assert records.head_commit() == "0123abc"
     monkeypatch.delenv("SENTINEL_COMMIT")
     assert records.head_commit() == records.git("rev-parse", "HEAD")
+
+
+def test_jobs_give_the_rows_of_one_process_in_order(tmp_path):
+    """``--jobs 2`` runs the rows in spawned worker processes: the same results (checks, errors, details) in the
+    same order as one process."""
+    from kernel_sentinel.cli import main
+
+    selection = ["verify", "--family", "sinkhorn", "--route", "sinkhorn.torch.*", "--dtype", "float32", "float64",
+                 "--device", "cpu", "--quick"]
+    assert main([*selection, "--json", str(tmp_path / "one.json")]) == 0
+    assert main([*selection, "--jobs", "2", "--json", str(tmp_path / "two.json")]) == 0
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text())["routes"] for n in ("one", "two"))
+    assert len(one) == 10 and one == two  # five torch routes at two dtypes
+
+
+def test_jobs_with_coverage_is_a_usage_error(capsys):
+    from kernel_sentinel.cli import main
+
+    assert main(["verify", "--family", "sinkhorn", "--device", "cpu", "--coverage", "--jobs", "2"]) == 2
+    assert "--coverage measures one process: drop --jobs" in capsys.readouterr().err
