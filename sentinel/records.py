@@ -3,18 +3,19 @@
 A route result (also the route objects of the JSON report)::
 
     {"id", "family", "dtype": "float32"|..., "status": "pass"|"fail",
-     "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "detail", "repro"}]}
+     "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "detail", "repro", "seconds"}]}
 
 A route runs once per input dtype of its family, so results are keyed by ``(id, dtype)`` (:func:`row_key`).
 
-Errors and tolerances are floats, or null where nothing was compared or the error is not finite.
+Errors and tolerances are floats, or null where nothing was compared or the error is not finite. ``seconds`` is
+the check's wall time (kernel compilation included), or null where it was not measured.
 
 A record, ``traces/verification/<family>-<device slug>.json``::
 
     {"family", "device": {"type": "cuda"|"cpu", "name"}, "versions": {"torch", "triton", "python"},
      "commit": <git HEAD>, "sources": {<repo-relative path>: <git blob id>}, "routes": [<route result>]}
 
-written with sorted keys, indent 2 and a trailing newline, so the same results give the same bytes.
+written with sorted keys, indent 2 and a trailing newline, so the same results (and timings) give the same bytes.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class CheckResult:
     max_rel: Optional[float] = None
     atol: Optional[float] = None
     rtol: Optional[float] = None
+    seconds: Optional[float] = field(default=None, compare=False)  # wall time; not part of the result's identity
 
     @property
     def status(self) -> str:
@@ -64,6 +66,7 @@ class CheckResult:
             "rtol": _number(self.rtol),
             "detail": self.detail,
             "repro": self.repro,
+            "seconds": None if self.seconds is None else round(self.seconds, 2),
         }
 
 

@@ -27,6 +27,15 @@ def progress_bar() -> Progress:
     return Progress(*columns, console=console.err)
 
 
+def log_row(result: RouteResult, done: int, total: int) -> None:
+    """Where stderr is not a terminal (CI logs, a GPU machine's log file: no live progress bar), one line per
+    finished row: ``[done/total] route dtype: pass|FAIL in S s`` (S: the time its checks took)."""
+    if not console.err.is_terminal:
+        seconds = sum(c.seconds or 0.0 for c in result.checks)
+        console.err.print(f"[{done}/{total}] {result.id} {result.dtype}: {result.status} in {seconds:.1f} s",
+                          highlight=False, markup=False)
+
+
 def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
                       verify_route: Callable[..., RouteResult], checks: Sequence[str]) -> list[RouteResult]:
     """``verify_route(family, route_id, options, progress, dtype)`` for each selected ``(family, route id, dtype)``,
@@ -41,6 +50,7 @@ def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
                 progress.update(task, completed=done + checks.index(check), description=f"{label} {check}")
 
             results.append(verify_route(family, route_id, options, step, dtype))
+            log_row(results[-1], i + 1, len(selected))
         progress.update(task, completed=len(selected) * len(checks), description="verify")
     return results
 

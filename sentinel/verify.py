@@ -26,8 +26,8 @@ failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
-``--jobs J`` runs the rows in J spawned worker processes (:func:`verify_in_processes`); the results are those
-of one process, in the same order.
+``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`); the results are
+those of one process, in the same order.
 
 ``--coverage`` (CPU) also measures which lines of each family's kernel sources the run executed
 (:mod:`kernel_sentinel.coverage`): a table per file, in the JSON report and in the records.
@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing
+import os
 import time
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -71,6 +70,7 @@ from kernel_sentinel.records import CheckResult, RouteResult
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS
 GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
+AUTO_JOBS, AUTO_MIN_ROWS = 8, 16  # --jobs auto: at most this many processes, from this many rows
 QUICK_EXAMPLES = 2
 
 
@@ -226,23 +226,40 @@ def falsify(prop: Property, route_id: str, options: Options,
     return None
 
 
-def check_properties(run: RouteRun, repro: str) -> CheckResult:
-    props = [p for p in run.family.properties if p.runs_at(run.route_id, run.dtype)]
+def route_properties(run: RouteRun) -> list[Property]:
+    """The family's properties that apply to the run's route at its dtype."""
+    return [p for p in run.family.properties if p.runs_at(run.route_id, run.dtype)]
+
+
+def property_outcome(run: RouteRun, prop: Property) -> tuple[Optional[str], list[Measurement]]:
+    """Falsify one property on the run's route: ``(None, comparisons)`` when it holds, else the failure note
+    (minimal example and error) in place of None. Seeded by itself, so it gives the same outcome alone (a
+    ``--jobs`` worker) as after the route's other properties."""
+    torch.manual_seed(run.options.seed)
+    with measuring() as measured:
+        failure = falsify(prop, run.route_id, run.options, run.dtype)
+    if failure is None:
+        return None, list(measured)
+    example, exc = failure
+    return f"property {prop.name!r} fails; minimal example: {example!r}; {_error(exc)}", list(measured)
+
+
+def properties_result(run: RouteRun, outcomes: Sequence[tuple[Optional[str], list[Measurement]]],
+                      repro: str) -> CheckResult:
+    """The ``properties`` check from the outcome of each of :func:`route_properties` (in that order)."""
+    props = route_properties(run)
     if not props:
         return CheckResult("properties", False, f"no property declared for this route at {dtype_name(run.dtype)}",
                            repro)
-    notes, held, measurements = [], [], []
-    for prop in props:
-        with measuring() as measured:
-            failure = falsify(prop, run.route_id, run.options, run.dtype)
-        measurements += measured
-        if failure is None:
-            held.append(prop.name)
-        else:
-            example, exc = failure
-            notes.append(f"property {prop.name!r} fails; minimal example: {example!r}; {_error(exc)}")
+    notes = [note for note, _ in outcomes if note is not None]
+    held = [p.name for p, (note, _) in zip(props, outcomes) if note is None]
+    measurements = [m for _, measured in outcomes for m in measured]
     summary = f"{len(held)}/{len(props)} properties hold ({run.options.examples} examples each)" + _listed(held)
     return _summarized("properties", notes, summary, measurements, repro)
+
+
+def check_properties(run: RouteRun, repro: str) -> CheckResult:
+    return properties_result(run, [property_outcome(run, p) for p in route_properties(run)], repro)
 
 
 def check_guards(run: RouteRun, repro: str) -> CheckResult:
@@ -338,12 +355,14 @@ def verify_route(family: Family, route_id: str, options: Options,
     for name in options.checks:
         progress(name)
         torch.manual_seed(options.seed)
+        start = time.perf_counter()
         try:
-            checks.append(CHECK_FUNCTIONS[name](run, repro))
+            result = CHECK_FUNCTIONS[name](run, repro)
         except Exception as exc:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = f"{_error(exc)} (at {Path(where.filename).name}:{where.lineno})"
-            checks.append(CheckResult(name, False, detail, repro))
+            result = CheckResult(name, False, detail, repro)
+        checks.append(dataclasses.replace(result, seconds=time.perf_counter() - start))
     return RouteResult(route_id, family.name, tuple(checks), dtype_name(dtype))
 
 
@@ -358,51 +377,7 @@ def sanitized(result: RouteResult, options: Options) -> RouteResult:
 
 
 # The interpreter runs kernels in numpy, which warns on log(0) = -inf.
-_INTERPRETER_WARNINGS = dict(category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-_worker_options: Optional[Options] = None  # set in each --jobs worker process by _start_worker
-
-
-def _start_worker(options: Options) -> None:
-    """Start a ``--jobs`` worker process: the parent's device (on the CPU the Triton interpreter switch, before
-    any kernel module is imported) and options."""
-    global _worker_options
-    from kernel_sentinel import device as devices
-
-    devices.prepare(options.device.type)
-    warnings.filterwarnings("ignore", **_INTERPRETER_WARNINGS)
-    _worker_options = options
-
-
-def _verify_row(family_name: str, route_id: str, dtype: str) -> RouteResult:
-    from kernel_sentinel import registry
-
-    return verify_route(registry.family(family_name), route_id, _worker_options, dtype=getattr(torch, dtype))
-
-
-def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
-                        jobs: int) -> list[RouteResult]:
-    """:func:`verify_route` for each selected ``(family, route id, dtype)`` in ``jobs`` worker processes (spawned:
-    CUDA cannot be forked), handed out one row at a time; results in the order of ``selected``. Every check
-    seeds itself, so a row gives the same result in any process. When a worker process dies (a crash, not a
-    failing check), every row not finished by then fails its ``route`` check saying so."""
-    results: list[Optional[RouteResult]] = [None] * len(selected)
-    with report.progress_bar() as progress, ProcessPoolExecutor(
-            jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-            initargs=(options,)) as pool:
-        task = progress.add_task(f"verify, {jobs} processes", total=len(selected))
-        futures = {pool.submit(_verify_row, family.name, route_id, dtype_name(dtype)): i
-                   for i, (family, route_id, dtype) in enumerate(selected)}
-        for future in as_completed(futures):
-            family, route_id, dtype = selected[futures[future]]
-            try:
-                results[futures[future]] = future.result()
-            except BrokenProcessPool as exc:
-                detail = f"a --jobs worker process died before this row finished ({exc}); rerun it with --jobs 1"
-                results[futures[future]] = RouteResult(route_id, family.name, (
-                    CheckResult("route", False, detail, options.repro(family.name, route_id, dtype)),),
-                    dtype_name(dtype))
-            progress.update(task, advance=1, description=f"{route_id} {dtype_name(dtype)}")
-    return results
+INTERPRETER_WARNINGS = dict(category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
 
 
 def failure_routing(families: Sequence[Family], result: RouteResult, check: CheckResult) -> list[str]:
@@ -438,6 +413,22 @@ def _positive(text: str) -> int:
     return value
 
 
+def _jobs(text: str) -> int | str:
+    return text if text == "auto" else _positive(text)
+
+
+def resolve_jobs(jobs: int | str, rows: int, coverage: bool) -> int:
+    """The worker processes for ``--jobs`` over ``rows`` selected rows: ``auto`` is one per usable CPU (at most
+    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_ROWS` rows and no coverage is measured, else 1
+    (starting a process costs seconds: a few rows run faster in this one)."""
+    if jobs != "auto":
+        return int(jobs)
+    if coverage or rows < AUTO_MIN_ROWS:
+        return 1
+    return max(1, min(AUTO_JOBS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                      os.cpu_count() or 1))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from kernel_sentinel.device import DEVICE_CHOICES
 
@@ -465,9 +456,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sanitize", action="store_true",
                    help="GPU only: also run every Triton route's cases under compute-sanitizer (memcheck, racecheck, "
                         "initcheck, synccheck), one check per tool")
-    p.add_argument("--jobs", type=_positive, default=1, metavar="J",
-                   help="verify in J worker processes (default 1); a GPU run is mostly Triton compilation, which "
-                        "runs in parallel across processes; not with --coverage")
+    p.add_argument("--jobs", type=_jobs, default="auto", metavar="J",
+                   help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
+                        f"compilation, which runs in parallel across processes); not with --coverage. Default "
+                        f"auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_ROWS} rows or more, else 1")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
@@ -488,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
                          {"--record": records.record_dir() if args.record else None})
     if problem:
         return console.usage_error(problem)
-    if args.coverage and args.jobs > 1:
+    if args.coverage and args.jobs not in ("auto", 1):
         return console.usage_error("--coverage measures one process: drop --jobs")
     if args.coverage and device.type != "cpu":
         return console.usage_error("--coverage reads the Triton kernels as Python under the interpreter: "
@@ -514,14 +506,17 @@ def run(args: argparse.Namespace) -> int:
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 
     start = time.perf_counter()
-    if args.jobs > 1:
-        results = verify_in_processes(selected, options, args.jobs)
+    jobs = resolve_jobs(args.jobs, len(selected), args.coverage)
+    if jobs > 1:
+        from kernel_sentinel import workers
+
+        results = workers.verify_in_processes(selected, options, jobs)
     else:
         with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
-            warnings.filterwarnings("ignore", **_INTERPRETER_WARNINGS)
+            warnings.filterwarnings("ignore", **INTERPRETER_WARNINGS)
             results = report.run_with_progress(selected, options, verify_route, options.checks)
     if args.sanitize:  # each check is a compute-sanitizer process: --jobs of them at a time
-        with ThreadPoolExecutor(args.jobs) as pool:
+        with ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(lambda r: sanitized(r, options), results))
     elapsed = time.perf_counter() - start
     problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]

@@ -159,7 +159,8 @@ def test_json_junit_and_record_formats(tmp_path, monkeypatch, toy_family):
     assert set(loaded) == {"commit", "device", "routes"}
     assert [r["status"] for r in loaded["routes"]] == ["fail", "pass"]
     assert set(loaded["routes"][0]["checks"][1]) == {"name", "status", "max_abs", "max_rel", "atol", "rtol",
-                                                    "detail", "repro"}
+                                                    "detail", "repro", "seconds"}
+    assert loaded["routes"][0]["checks"][1]["seconds"] >= 0
     report.write_junit(tmp_path / "j.xml", results)
     cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
     failed = [(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None]
@@ -319,6 +320,9 @@ def test_jobs_give_the_rows_of_one_process_in_order(tmp_path):
     assert main([*selection, "--json", str(tmp_path / "one.json")]) == 0
     assert main([*selection, "--jobs", "2", "--json", str(tmp_path / "two.json")]) == 0
     one, two = (json.loads((tmp_path / f"{n}.json").read_text())["routes"] for n in ("one", "two"))
+    for row in one + two:  # wall times differ from run to run
+        for check in row["checks"]:
+            assert check.pop("seconds") >= 0
     assert len(one) == 10 and one == two  # five torch routes at two dtypes
 
 
@@ -327,3 +331,17 @@ def test_jobs_with_coverage_is_a_usage_error(capsys):
 
     assert main(["verify", "--family", "sinkhorn", "--device", "cpu", "--coverage", "--jobs", "2"]) == 2
     assert "--coverage measures one process: drop --jobs" in capsys.readouterr().err
+
+
+def test_jobs_auto_starts_processes_only_for_many_rows(monkeypatch):
+    import os
+
+    from kernel_sentinel.verify import AUTO_JOBS, AUTO_MIN_ROWS, resolve_jobs
+
+    assert resolve_jobs(3, 1, False) == 3
+    assert resolve_jobs("auto", AUTO_MIN_ROWS - 1, False) == 1
+    assert resolve_jobs("auto", 500, True) == 1  # coverage is measured in one process
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert resolve_jobs("auto", AUTO_MIN_ROWS, False) == AUTO_JOBS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert resolve_jobs("auto", 500, False) == 2

@@ -1,0 +1,125 @@
+"""``sentinel verify --jobs J``: the selected rows' work in J spawned worker processes.
+
+A row (route, dtype) is split into units: each of its properties alone, and its other checks together (they share
+the row's cases and outputs). On a GPU a property's examples are mostly Triton compilations (every new shape
+class is a new specialisation), the longest work of a row, so property units go first. Units are handed out one
+at a time; the parent assembles each row in the check order of one process, so the results and the record are
+those of one process (timings aside). The processes are spawned (CUDA cannot be forked) and share Triton's
+on-disk kernel cache: a specialisation one of them compiled, the others load.
+
+When a worker process dies (a crash, not a failing check), every row with unfinished work fails its ``route``
+check, saying so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Optional, Sequence
+
+import torch
+
+from kernel_sentinel import report, verify
+from kernel_sentinel.checks import Measurement
+from kernel_sentinel.family import Family
+from kernel_sentinel.records import CheckResult, RouteResult
+from kernel_sentinel.verify import Options, RouteRun, dtype_name
+
+OTHER_CHECKS = -1  # the unit of a row's checks other than properties; a unit i >= 0 is its i-th property
+Outcome = tuple[Optional[str], list[Measurement], float]  # a property unit's result: note, comparisons, seconds
+
+_options: Optional[Options] = None  # in a worker process: the parent's options
+
+
+def _start(options: Options) -> None:
+    """Start a worker process: the parent's device (on the CPU the Triton interpreter switch, before any kernel
+    module is imported) and options."""
+    global _options
+    from kernel_sentinel import device
+
+    device.prepare(options.device.type)
+    warnings.filterwarnings("ignore", **verify.INTERPRETER_WARNINGS)
+    _options = options
+
+
+def _other_checks(options: Options) -> Options:
+    return dataclasses.replace(options, checks=tuple(c for c in options.checks if c != "properties"))
+
+
+def _run_unit(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
+    """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome)."""
+    from kernel_sentinel import registry
+
+    family, torch_dtype = registry.family(family_name), getattr(torch, dtype)
+    if unit == OTHER_CHECKS:
+        return verify.verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
+    run = RouteRun(family, route_id, _options, torch_dtype)
+    start = time.perf_counter()
+    note, measured = verify.property_outcome(run, verify.route_properties(run)[unit])
+    return note, measured, time.perf_counter() - start
+
+
+@dataclasses.dataclass
+class _Row:
+    family: Family
+    route_id: str
+    dtype: torch.dtype
+    properties: int  # property units
+    other: Optional[RouteResult] = None
+    outcomes: dict[int, Outcome] = dataclasses.field(default_factory=dict)
+    died: Optional[str] = None
+    logged: bool = False  # its line was printed
+
+    def done(self) -> bool:
+        return self.died is not None or (self.other is not None and len(self.outcomes) == self.properties)
+
+    def result(self, options: Options) -> RouteResult:
+        """The row as one process gives it (checks in ``options.checks`` order)."""
+        repro = options.repro(self.family.name, self.route_id, self.dtype)
+        if self.died is not None:
+            return RouteResult(self.route_id, self.family.name, (CheckResult("route", False, self.died, repro),),
+                               dtype_name(self.dtype))
+        checks = {c.name: c for c in self.other.checks}
+        if "properties" in options.checks:
+            run = RouteRun(self.family, self.route_id, options, self.dtype)
+            outcomes = [self.outcomes[i] for i in range(self.properties)]
+            checks["properties"] = dataclasses.replace(
+                verify.properties_result(run, [(note, measured) for note, measured, _ in outcomes], repro),
+                seconds=sum(seconds for *_, seconds in outcomes))
+        return RouteResult(self.route_id, self.family.name, tuple(checks[c] for c in options.checks),
+                           dtype_name(self.dtype))
+
+
+def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
+                        jobs: int) -> list[RouteResult]:
+    """:func:`kernel_sentinel.verify.verify_route` for each selected ``(family, route id, dtype)``, its work
+    spread over ``jobs`` worker processes; results in the order of ``selected``."""
+    rows = [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
+                 if "properties" in options.checks else 0) for family, route_id, dtype in selected]
+    units = [(i, u) for i, row in enumerate(rows) for u in range(row.properties)]
+    units += [(i, OTHER_CHECKS) for i in range(len(rows))]
+    finished = 0
+    with report.progress_bar() as progress, ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(options,)) as pool:
+        task = progress.add_task(f"verify, {jobs} processes", total=len(units))
+        futures = {pool.submit(_run_unit, rows[i].family.name, rows[i].route_id, dtype_name(rows[i].dtype), u):
+                   (i, u) for i, u in units}
+        for future in as_completed(futures):
+            i, unit = futures[future]
+            row = rows[i]
+            try:
+                if unit == OTHER_CHECKS:
+                    row.other = future.result()
+                else:
+                    row.outcomes[unit] = future.result()
+            except BrokenProcessPool as exc:
+                if row.died is None and not row.done():
+                    row.died = f"a --jobs worker process died before this row finished ({exc}); rerun with --jobs 1"
+            progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
+            if row.done() and not row.logged:
+                finished, row.logged = finished + 1, True
+                report.log_row(row.result(options), finished, len(rows))
+    return [row.result(options) for row in rows]
