@@ -2,9 +2,9 @@
 
 A row (route, dtype) is split into units: each of its properties alone, and its other checks together (they share
 the row's cases and outputs). On a GPU a property's examples are mostly Triton compilations (every new shape
-class is a new specialisation), the longest work of a row, so property units go first. Units are handed out one
-at a time; the parent assembles each row in the check order of one process, so the results and the record are
-those of one process (timings aside). The processes are spawned (CUDA cannot be forked) and share Triton's
+class is a new specialisation), the longest work of a row. Units are handed out one at a time, row after row
+(so rows finish in order, and a run cut short has finished its first rows); the parent assembles each row in the
+check order of one process, so the results and the record are those of one process (timings aside). The processes are spawned (CUDA cannot be forked) and share Triton's
 on-disk kernel cache: a specialisation one of them compiled, the others load.
 
 When a worker process dies (a crash, not a failing check), every row with unfinished work fails its ``route``
@@ -99,8 +99,7 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
     spread over ``jobs`` worker processes; results in the order of ``selected``."""
     rows = [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
                  if "properties" in options.checks else 0) for family, route_id, dtype in selected]
-    units = [(i, u) for i, row in enumerate(rows) for u in range(row.properties)]
-    units += [(i, OTHER_CHECKS) for i in range(len(rows))]
+    units = [(i, u) for i, row in enumerate(rows) for u in (*range(row.properties), OTHER_CHECKS)]
     finished = 0
     with report.progress_bar() as progress, ProcessPoolExecutor(
             jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(options,)) as pool:
