@@ -109,7 +109,8 @@ def parse_dtype(text: str) -> torch.dtype:
     return dtype
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """``TypeName: message`` of an exception, as check details show it."""
     return f"{type(exc).__name__}: {exc}".strip()
 
 
@@ -241,7 +242,7 @@ def property_outcome(run: RouteRun, prop: Property) -> tuple[Optional[str], list
     if failure is None:
         return None, list(measured)
     example, exc = failure
-    return f"property {prop.name!r} fails; minimal example: {example!r}; {_error(exc)}", list(measured)
+    return f"property {prop.name!r} fails; minimal example: {example!r}; {error_text(exc)}", list(measured)
 
 
 def properties_result(run: RouteRun, outcomes: Sequence[tuple[Optional[str], list[Measurement]]],
@@ -287,9 +288,9 @@ def _guard_problem(run: RouteRun, item: Adversarial, base: Case) -> Optional[str
         with value_checks("sync"):  # the named-error contract: on a GPU too, not NaN-poisoned device mode
             outputs = run_route(run.family.run, case)
     except (ValueError, TypeError) as exc:
-        return None if item.errors_ok else f"raised {_error(exc)}"
+        return None if item.errors_ok else f"raised {error_text(exc)}"
     except Exception as exc:
-        return f"raised {_error(exc)}"
+        return f"raised {error_text(exc)}"
     bad = non_finite(outputs, item.allow_inf)
     if bad:
         return "; ".join(bad)
@@ -314,9 +315,9 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
                 run.family.run(item.make(base))
         except (ValueError, TypeError) as exc:
             if not str(exc).startswith(item.argument):
-                notes.append(f"{label}: message does not start with {item.argument!r}: {_error(exc)}")
+                notes.append(f"{label}: message does not start with {item.argument!r}: {error_text(exc)}")
         except Exception as exc:
-            notes.append(f"{label}: raised {_error(exc)}, expected ValueError or TypeError")
+            notes.append(f"{label}: raised {error_text(exc)}, expected ValueError or TypeError")
         else:
             notes.append(f"{label}: accepted without error")
     summary = f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them"
@@ -360,7 +361,7 @@ def verify_route(family: Family, route_id: str, options: Options,
             result = CHECK_FUNCTIONS[name](run, repro)
         except Exception as exc:
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            detail = f"{_error(exc)} (at {Path(where.filename).name}:{where.lineno})"
+            detail = f"{error_text(exc)} (at {Path(where.filename).name}:{where.lineno})"
             result = CheckResult(name, False, detail, repro)
         checks.append(dataclasses.replace(result, seconds=time.perf_counter() - start))
     return RouteResult(route_id, family.name, tuple(checks), dtype_name(dtype))

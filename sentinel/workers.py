@@ -8,7 +8,7 @@ check order of one process, so the results and the record are those of one proce
 on-disk kernel cache: a specialisation one of them compiled, the others load.
 
 When a worker process dies (a crash, not a failing check), every row with unfinished work fails its ``route``
-check, saying so.
+check, saying so; so does a row whose unit raised outside the checks' own error handling.
 """
 from __future__ import annotations
 
@@ -117,6 +117,8 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
             except BrokenProcessPool as exc:
                 if row.died is None and not row.done():
                     row.died = f"a --jobs worker process died before this row finished ({exc}); rerun with --jobs 1"
+            except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
+                row.died = row.died or f"a --jobs worker failed on this row: {verify.error_text(exc)}"
             progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
             if row.done() and not row.logged:
                 finished, row.logged = finished + 1, True
