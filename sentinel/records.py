@@ -15,7 +15,7 @@ A record, ``traces/verification/<family>-<device slug>.json``::
     {"family", "device": {"type": "cuda"|"cpu", "name"}, "versions": {"torch", "triton", "python"},
      "commit": <git HEAD>, "sources": {<repo-relative path>: <git blob id>}, "routes": [<route result>]}
 
-written with sorted keys, indent 2 and a trailing newline, so the same results (and timings) give the same bytes.
+written with sorted keys, indent 2 and a trailing newline (a re-record changes at least the ``seconds``).
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def log_row(result: RouteResult, done: int, total: int) -> None:
 def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
                       verify_route: Callable[..., RouteResult], checks: Sequence[str]) -> list[RouteResult]:
     """``verify_route(family, route_id, options, progress, dtype)`` for each selected ``(family, route id, dtype)``,
-    with a progress bar on stderr that advances once per check."""
+    with a progress bar on stderr that advances once per check (and :func:`log_row` lines)."""
     results = []
     with progress_bar() as progress:
         task = progress.add_task("verify", total=len(selected) * len(checks))

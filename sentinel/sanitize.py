@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -91,7 +92,8 @@ def verdict(tool: str, returncode: int, output: str) -> tuple[bool, str]:
     if returncode == 0 and errors == 0:
         return True, f"{tool}: 0 errors"
     if errors > 0 or returncode == ERROR_EXIT:
-        return False, f"{tool}: {max(errors, 1)} errors: {shown or 'see the tool output'}"
+        what = "hazards (errors and warnings)" if tool == "racecheck" else "errors"
+        return False, f"{tool}: {max(errors, 1)} {what}: {shown or 'see the tool output'}"
     tail = " ".join(output.strip().splitlines()[-3:])[-400:]
     return False, f"{tool}: the route's process failed (exit {returncode}): {shown or tail}"
 
@@ -105,13 +107,14 @@ def sanitize_route(family: str, route_id: str, dtype: str, seed: int, quick: boo
     env.pop("TRITON_INTERPRET", None)
     results = []
     for tool in tools:
+        start = time.perf_counter()
         try:
             done = subprocess.run(command(tool, family, route_id, dtype, seed, quick), env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIME_LIMIT)
             passed, detail = verdict(tool, done.returncode, done.stdout)
         except subprocess.TimeoutExpired:
             passed, detail = False, f"{tool}: ran past {TIME_LIMIT:.0f} s"
-        results.append(CheckResult(tool, passed, detail, f"{repro} --sanitize"))
+        results.append(CheckResult(tool, passed, detail, f"{repro} --sanitize", seconds=time.perf_counter() - start))
     return results
 
 

@@ -36,8 +36,8 @@ Exit codes: 0 when every selected route ran and passed; 1 when any check failed,
 family declares an invariant whose test does not exist, or (``--coverage``, complete run) when a kernel line is
 neither reached nor declared unreached; 2 on usage errors: an unknown family, a ``--route`` glob that matches no
 route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` / ``--dtype`` and ``--coverage``,
-``--device cuda`` without a GPU, ``--coverage`` on a GPU, ``--sanitize`` without a GPU or without
-compute-sanitizer.
+``--coverage`` with ``--jobs`` other than 1 or auto, ``--device cuda`` without a GPU, ``--coverage`` on a GPU,
+``--sanitize`` without a GPU or without compute-sanitizer.
 
 ``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
 device when that was made from the same sources and versions (:func:`kernel_sentinel.records.merge_record`), so a
@@ -63,7 +63,7 @@ from kernel_sentinel import console, report, sanitize
 from provable_kernels.validate import value_checks
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
-from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
+from kernel_sentinel.family import REPO_ROOT, Adversarial, Case, Family, Outputs, Property, matches
 from kernel_sentinel.generic import GENERIC_CHECKS, Probe
 from kernel_sentinel.records import CheckResult, RouteResult
 
@@ -217,10 +217,10 @@ def falsify(prop: Property, route_id: str, options: Options,
         last["example"] = example
         prop.check(route_id, example, options.device, dtype)
 
-    test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
-                    phases=(Phase.explicit, Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-                    report_multiple_bugs=False, print_blob=False)(given(prop.example())(body))
-    try:
+    try:  # building the strategy can raise too: a failure of this property, like one of its examples
+        test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
+                        phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False,
+                        suppress_health_check=list(HealthCheck), print_blob=False)(given(prop.example())(body))
         seed(options.seed)(test)()
     except Exception as exc:  # the minimal example is the last one hypothesis ran before re-raising
         return last.get("example"), exc
@@ -374,7 +374,11 @@ def sanitized(result: RouteResult, options: Options) -> RouteResult:
     console.err.print(f"compute-sanitizer: {result.id} {result.dtype}", highlight=False)
     repro = options.repro(result.family, result.id, getattr(torch, result.dtype))
     extra = sanitize.sanitize_route(result.family, result.id, result.dtype, options.seed, options.quick, repro)
-    return dataclasses.replace(result, checks=(*result.checks, *extra))
+    done = dataclasses.replace(result, checks=(*result.checks, *extra))
+    status = "pass" if all(c.passed for c in extra) else "FAIL"
+    console.err.print(f"compute-sanitizer: {result.id} {result.dtype}: {status} in "
+                      f"{sum(c.seconds or 0.0 for c in extra):.1f} s", highlight=False, markup=False)
+    return done
 
 
 # The interpreter runs kernels in numpy, which warns on log(0) = -inf.
@@ -513,7 +517,7 @@ def run(args: argparse.Namespace) -> int:
 
         results = workers.verify_in_processes(selected, options, jobs)
     else:
-        with warnings.catch_warnings():  # the interpreter runs kernels in numpy, which warns on log(0) = -inf
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", **INTERPRETER_WARNINGS)
             results = report.run_with_progress(selected, options, verify_route, options.checks)
     if args.sanitize:  # each check is a compute-sanitizer process: --jobs of them at a time
@@ -547,6 +551,6 @@ def run(args: argparse.Namespace) -> int:
                 order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
                 record = records.merge_record(record, order)
             path = records.save_record(record)
-            console.err.print(f"recorded {path}")
+            console.err.print(f"recorded {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
     ok = bool(results) and all(r.passed for r in results) and not problems
     return 0 if ok else 1

@@ -3,17 +3,22 @@
 A row (route, dtype) is split into units: each of its properties alone, and its other checks together (they share
 the row's cases and outputs). On a GPU a property's examples are mostly Triton compilations (every new shape
 class is a new specialisation), the longest work of a row. Units are handed out one at a time, row after row
-(so rows finish in order, and a run cut short has finished its first rows); the parent assembles each row in the
-check order of one process, so the results and the record are those of one process (timings aside). The processes are spawned (CUDA cannot be forked) and share Triton's
-on-disk kernel cache: a specialisation one of them compiled, the others load.
+(so rows finish, and are logged, in order); the parent assembles each row in the check order of one process,
+so the results and the record are those of one process (timings aside). The processes are spawned (CUDA cannot
+be forked) and share Triton's on-disk kernel cache: a specialisation one of them compiled, the others load.
 
-When a worker process dies (a crash, not a failing check), every row with unfinished work fails its ``route``
-check, saying so; so does a row whose unit raised outside the checks' own error handling.
+Families are looked up by name in the workers (:func:`kernel_sentinel.registry.family`, with the parent's
+environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not).
+
+A unit that cannot finish, because it raised outside the checks' own error handling or its worker process died
+(a crash, not a failing check; every unit still queued then fails the same way), fails what it stood for: its
+property, or each of the row's other checks, with the reason. The rest of the row keeps its results.
 """
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -34,13 +39,14 @@ Outcome = tuple[Optional[str], list[Measurement], float]  # a property unit's re
 _options: Optional[Options] = None  # in a worker process: the parent's options
 
 
-def _start(options: Options) -> None:
+def _start(options: Options, threads: int) -> None:
     """Start a worker process: the parent's device (on the CPU the Triton interpreter switch, before any kernel
-    module is imported) and options."""
+    module is imported), options, and ``threads`` CPU threads for torch (the workers share the CPUs)."""
     global _options
     from kernel_sentinel import device
 
     device.prepare(options.device.type)
+    torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", **verify.INTERPRETER_WARNINGS)
     _options = options
 
@@ -70,22 +76,32 @@ class _Row:
     properties: int  # property units
     other: Optional[RouteResult] = None
     outcomes: dict[int, Outcome] = dataclasses.field(default_factory=dict)
-    died: Optional[str] = None
     logged: bool = False  # its line was printed
 
     def done(self) -> bool:
-        return self.died is not None or (self.other is not None and len(self.outcomes) == self.properties)
+        return self.other is not None and len(self.outcomes) == self.properties
+
+    def record(self, unit: int, value: RouteResult | Outcome) -> None:
+        if unit == OTHER_CHECKS:
+            self.other = value
+        else:
+            self.outcomes[unit] = value
+
+    def failed(self, unit: int, why: str, options: Options) -> RouteResult | Outcome:
+        """What ``unit`` stands for, failed with ``why``."""
+        if unit != OTHER_CHECKS:
+            return f"property {unit + 1} of this route could not run: {why}", [], 0.0
+        repro = options.repro(self.family.name, self.route_id, self.dtype)
+        return RouteResult(self.route_id, self.family.name, tuple(
+            CheckResult(name, False, why, repro) for name in _other_checks(options).checks), dtype_name(self.dtype))
 
     def result(self, options: Options) -> RouteResult:
         """The row as one process gives it (checks in ``options.checks`` order)."""
-        repro = options.repro(self.family.name, self.route_id, self.dtype)
-        if self.died is not None:
-            return RouteResult(self.route_id, self.family.name, (CheckResult("route", False, self.died, repro),),
-                               dtype_name(self.dtype))
         checks = {c.name: c for c in self.other.checks}
         if "properties" in options.checks:
             run = RouteRun(self.family, self.route_id, options, self.dtype)
             outcomes = [self.outcomes[i] for i in range(self.properties)]
+            repro = options.repro(self.family.name, self.route_id, self.dtype)
             checks["properties"] = dataclasses.replace(
                 verify.properties_result(run, [(note, measured) for note, measured, _ in outcomes], repro),
                 seconds=sum(seconds for *_, seconds in outcomes))
@@ -96,31 +112,36 @@ class _Row:
 def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
                         jobs: int) -> list[RouteResult]:
     """:func:`kernel_sentinel.verify.verify_route` for each selected ``(family, route id, dtype)``, its work
-    spread over ``jobs`` worker processes; results in the order of ``selected``."""
+    spread over ``jobs`` worker processes (at most one per unit); results in the order of ``selected``."""
     rows = [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
                  if "properties" in options.checks else 0) for family, route_id, dtype in selected]
     units = [(i, u) for i, row in enumerate(rows) for u in (*range(row.properties), OTHER_CHECKS)]
+    jobs = min(jobs, len(units))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     finished = 0
-    with report.progress_bar() as progress, ProcessPoolExecutor(
-            jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(options,)) as pool:
-        task = progress.add_task(f"verify, {jobs} processes", total=len(units))
-        futures = {pool.submit(_run_unit, rows[i].family.name, rows[i].route_id, dtype_name(rows[i].dtype), u):
-                   (i, u) for i, u in units}
-        for future in as_completed(futures):
-            i, unit = futures[future]
-            row = rows[i]
-            try:
-                if unit == OTHER_CHECKS:
-                    row.other = future.result()
-                else:
-                    row.outcomes[unit] = future.result()
-            except BrokenProcessPool as exc:
-                if row.died is None and not row.done():
-                    row.died = f"a --jobs worker process died before this row finished ({exc}); rerun with --jobs 1"
-            except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
-                row.died = row.died or f"a --jobs worker failed on this row: {verify.error_text(exc)}"
-            progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
-            if row.done() and not row.logged:
-                finished, row.logged = finished + 1, True
-                report.log_row(row.result(options), finished, len(rows))
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
+                               initargs=(options, threads))
+    try:
+        with report.progress_bar() as progress:
+            task = progress.add_task(f"verify, {jobs} processes", total=len(units))
+            futures = {pool.submit(_run_unit, rows[i].family.name, rows[i].route_id, dtype_name(rows[i].dtype), u):
+                       (i, u) for i, u in units}
+            for future in as_completed(futures):
+                i, unit = futures[future]
+                row = rows[i]
+                try:
+                    row.record(unit, future.result())
+                except BrokenProcessPool as exc:
+                    row.record(unit, row.failed(unit, f"its --jobs worker process died ({exc}); rerun with --jobs 1",
+                                                options))
+                except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
+                    row.record(unit, row.failed(unit, f"its --jobs worker raised {verify.error_text(exc)}", options))
+                progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
+                if row.done() and not row.logged:
+                    finished, row.logged = finished + 1, True
+                    report.log_row(row.result(options), finished, len(rows))
+    except BaseException:  # e.g. Ctrl-C: do not wait for the queued units
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [row.result(options) for row in rows]

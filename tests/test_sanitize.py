@@ -20,7 +20,8 @@ MEMCHECK_OUTPUT = """\
 """
 CLEAN_OUTPUT = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
 # racecheck's own summary, as compute-sanitizer printed it on an H100 (CUDA 13.0) for a clean Sinkhorn route
-CLEAN_RACECHECK = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+CLEAN_RACECHECK = ("========= COMPUTE-SANITIZER\n"
+                   "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
 RACECHECK_OUTPUT = """\
 ========= COMPUTE-SANITIZER
 ========= Warning: (Warp Level Programming) Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :
@@ -69,7 +70,7 @@ def test_racecheck_summary_counts_errors_and_warnings():
     errors, lines = sanitize.findings(RACECHECK_OUTPUT)
     assert errors == 1 and lines[0].startswith("Warning: (Warp Level Programming) Potential RAW hazard")
     passed, detail = sanitize.verdict("racecheck", sanitize.ERROR_EXIT, RACECHECK_OUTPUT)
-    assert not passed and detail.startswith("racecheck: 1 errors: Warning: (Warp Level Programming)")
+    assert not passed and detail.startswith("racecheck: 1 hazards (errors and warnings): Warning: (Warp Level")
 
 
 def test_command_runs_the_route_process_under_each_tool():

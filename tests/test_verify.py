@@ -338,10 +338,90 @@ def test_jobs_auto_starts_processes_only_for_many_rows(monkeypatch):
 
     from kernel_sentinel.verify import AUTO_JOBS, AUTO_MIN_ROWS, resolve_jobs
 
-    assert resolve_jobs(3, 1, False) == 3
     assert resolve_jobs("auto", AUTO_MIN_ROWS - 1, False) == 1
     assert resolve_jobs("auto", 500, True) == 1  # coverage is measured in one process
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     assert resolve_jobs("auto", AUTO_MIN_ROWS, False) == AUTO_JOBS
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert resolve_jobs("auto", 500, False) == 2
+
+
+class _InProcessPool:
+    """Stands in for the spawned pool of ``--jobs``: runs each unit when submitted, in this process (so a family
+    built here needs no registry entry)."""
+
+    def __init__(self, jobs, mp_context=None, initializer=None, initargs=()):
+        initializer(*initargs)
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait=True, cancel_futures=False):
+        pass
+
+
+def _raise(route_id, example, device, dtype):
+    raise RuntimeError("boom")
+
+
+def _no_strategy():
+    raise RuntimeError("no strategy")
+
+
+@pytest.fixture
+def in_process_jobs(monkeypatch, toy_family):
+    """The toy family with a property that raises and one whose strategy cannot be built, served to the
+    ``--jobs`` machinery in this process."""
+    from hypothesis import strategies as st
+
+    from kernel_sentinel import workers
+    from kernel_sentinel.family import Property
+
+    family = toy_family()
+    family = toy_family(properties=family.properties + (
+        Property("always raises", ("toy.*",), lambda: st.integers(1, 2), _raise),
+        Property("strategy cannot be built", ("toy.*",), _no_strategy, _raise)))
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", _InProcessPool)
+    monkeypatch.setattr(registry, "family", lambda name: family)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    return family
+
+
+def test_jobs_assemble_failing_and_raising_properties_as_one_process(in_process_jobs):
+    from kernel_sentinel import workers
+
+    family = in_process_jobs
+    selected = [(family, route_id, dtype) for dtype in family.dtypes for route_id in ("toy.fast", "toy.slow")]
+    one = [verify_route(family, route_id, CPU, dtype=dtype) for _, route_id, dtype in selected]
+    assert workers.verify_in_processes(selected, CPU, 2) == one  # CheckResult equality leaves out the seconds
+    properties = one[1].check("properties")  # toy.slow: the sum property holds, the other two fail
+    assert not properties.passed and properties.detail.count("fails; minimal example") == 2
+    assert "RuntimeError: no strategy" in properties.detail and "RuntimeError: boom" in properties.detail
+
+
+def test_jobs_a_dead_worker_fails_only_what_it_was_running(in_process_jobs, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    from kernel_sentinel import workers
+
+    family, run_unit = in_process_jobs, workers._run_unit
+
+    def dies_on_other_checks(family_name, route_id, dtype, unit):
+        if unit == workers.OTHER_CHECKS:
+            raise BrokenProcessPool("killed")
+        return run_unit(family_name, route_id, dtype, unit)
+
+    monkeypatch.setattr(workers, "_run_unit", dies_on_other_checks)
+    (row,) = workers.verify_in_processes([(family, "toy.slow", torch.float32)], CPU, 2)
+    one = verify_route(family, "toy.slow", CPU, dtype=torch.float32)
+    assert [c.name for c in row.checks] == list(CHECKS)
+    assert row.check("properties") == one.check("properties")  # finished before the crash: kept
+    others = [c for c in row.checks if c.name != "properties"]
+    assert all(not c.passed and "its --jobs worker process died (killed)" in c.detail for c in others)
