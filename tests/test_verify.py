@@ -425,3 +425,12 @@ def test_jobs_a_dead_worker_fails_only_what_it_was_running(in_process_jobs, monk
     assert row.check("properties") == one.check("properties")  # finished before the crash: kept
     others = [c for c in row.checks if c.name != "properties"]
     assert all(not c.passed and "its --jobs worker process died (killed)" in c.detail for c in others)
+
+
+def test_log_row_prints_one_line_per_row_off_a_terminal(capsys, toy_family):
+    import re
+
+    result = verify_route(toy_family(), "toy.slow", CPU)
+    report.log_row(result, 2, 5)
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"\[2/5\] toy\.slow float32: pass in \d+\.\d s", line), line
