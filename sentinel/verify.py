@@ -70,7 +70,7 @@ from kernel_sentinel.records import CheckResult, RouteResult
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS
 GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
-AUTO_JOBS, AUTO_MIN_ROWS = 8, 16  # --jobs auto: at most this many processes, from this many rows
+AUTO_JOBS, AUTO_MIN_UNITS = 8, 24  # --jobs auto: at most this many processes, from this many units of work
 QUICK_EXAMPLES = 2
 
 
@@ -422,13 +422,14 @@ def _jobs(text: str) -> int | str:
     return text if text == "auto" else _positive(text)
 
 
-def resolve_jobs(jobs: int | str, rows: int, coverage: bool) -> int:
-    """The worker processes for ``--jobs`` over ``rows`` selected rows: ``auto`` is one per usable CPU (at most
-    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_ROWS` rows and no coverage is measured, else 1
-    (starting a process costs seconds: a few rows run faster in this one)."""
+def resolve_jobs(jobs: int | str, units: int, coverage: bool) -> int:
+    """The worker processes for ``--jobs`` over ``units`` units of work (:func:`kernel_sentinel.workers.unit_count`:
+    a row's properties one by one, and its other checks): ``auto`` is one per usable CPU (at most
+    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units and no coverage is measured, else 1
+    (starting a process costs seconds: a little work runs faster in this one)."""
     if jobs != "auto":
         return int(jobs)
-    if coverage or rows < AUTO_MIN_ROWS:
+    if coverage or units < AUTO_MIN_UNITS:
         return 1
     return max(1, min(AUTO_JOBS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
                       os.cpu_count() or 1))
@@ -464,7 +465,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=_jobs, default="auto", metavar="J",
                    help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
                         f"compilation, which runs in parallel across processes); not with --coverage. Default "
-                        f"auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_ROWS} rows or more, else 1")
+                        f"auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
+                        f"(a row's properties one by one, and its other checks), else 1")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
@@ -511,10 +513,10 @@ def run(args: argparse.Namespace) -> int:
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 
     start = time.perf_counter()
-    jobs = resolve_jobs(args.jobs, len(selected), args.coverage)
-    if jobs > 1:
-        from kernel_sentinel import workers
+    from kernel_sentinel import workers
 
+    jobs = resolve_jobs(args.jobs, workers.unit_count(selected, options), args.coverage)
+    if jobs > 1:
         results = workers.verify_in_processes(selected, options, jobs)
     else:
         with warnings.catch_warnings():

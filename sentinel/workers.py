@@ -109,12 +109,21 @@ class _Row:
                            dtype_name(self.dtype))
 
 
+def _rows(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options) -> list[_Row]:
+    return [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
+                 if "properties" in options.checks else 0) for family, route_id, dtype in selected]
+
+
+def unit_count(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options) -> int:
+    """How many units the selected rows split into (see the module docstring)."""
+    return sum(row.properties + 1 for row in _rows(selected, options))
+
+
 def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
                         jobs: int) -> list[RouteResult]:
     """:func:`kernel_sentinel.verify.verify_route` for each selected ``(family, route id, dtype)``, its work
     spread over ``jobs`` worker processes (at most one per unit); results in the order of ``selected``."""
-    rows = [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
-                 if "properties" in options.checks else 0) for family, route_id, dtype in selected]
+    rows = _rows(selected, options)
     units = [(i, u) for i, row in enumerate(rows) for u in (*range(row.properties), OTHER_CHECKS)]
     jobs = min(jobs, len(units))
     threads = max(1, (os.cpu_count() or 1) // jobs)

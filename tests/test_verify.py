@@ -317,7 +317,7 @@ def test_jobs_give_the_rows_of_one_process_in_order(tmp_path):
 
     selection = ["verify", "--family", "sinkhorn", "--route", "sinkhorn.torch.*", "--dtype", "float32", "float64",
                  "--device", "cpu", "--quick"]
-    assert main([*selection, "--json", str(tmp_path / "one.json")]) == 0
+    assert main([*selection, "--jobs", "1", "--json", str(tmp_path / "one.json")]) == 0
     assert main([*selection, "--jobs", "2", "--json", str(tmp_path / "two.json")]) == 0
     one, two = (json.loads((tmp_path / f"{n}.json").read_text())["routes"] for n in ("one", "two"))
     for row in one + two:  # wall times differ from run to run
@@ -333,17 +333,23 @@ def test_jobs_with_coverage_is_a_usage_error(capsys):
     assert "--coverage measures one process: drop --jobs" in capsys.readouterr().err
 
 
-def test_jobs_auto_starts_processes_only_for_many_rows(monkeypatch):
+def test_jobs_auto_starts_processes_only_for_much_work(monkeypatch):
     import os
 
-    from kernel_sentinel.verify import AUTO_JOBS, AUTO_MIN_ROWS, resolve_jobs
+    from kernel_sentinel import workers
+    from kernel_sentinel.verify import AUTO_JOBS, AUTO_MIN_UNITS, resolve_jobs
 
-    assert resolve_jobs("auto", AUTO_MIN_ROWS - 1, False) == 1
+    assert resolve_jobs("auto", AUTO_MIN_UNITS - 1, False) == 1
     assert resolve_jobs("auto", 500, True) == 1  # coverage is measured in one process
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert resolve_jobs("auto", AUTO_MIN_ROWS, False) == AUTO_JOBS
+    assert resolve_jobs("auto", AUTO_MIN_UNITS, False) == AUTO_JOBS
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert resolve_jobs("auto", 500, False) == 2
+    # ten semi-CRF Triton rows (a GPU run's slowest part) are enough work for workers: a unit per property
+    semicrf = registry.family("semicrf")
+    rows = [(semicrf, route_id, dtype) for dtype in semicrf.dtypes
+            for _, route_id in select_routes([semicrf], ["semicrf.triton.*"])]
+    assert len(rows) == 10 and workers.unit_count(rows, CPU) >= AUTO_MIN_UNITS
 
 
 class _InProcessPool:
