@@ -63,12 +63,14 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     if [ "$left" -lt 10 ]; then  # `timeout 0` would mean no limit
       echo "verify-$family: not run, VERIFY_TIMEOUT spent" | tee -a "$LOG" >>"$CODES"; failed=1; continue
     fi
+    touch "/tmp/verify-start-$family"  # the record this step writes is the one newer than this
     set -f  # VERIFY_ROUTES holds globs for --route, not file names
     # shellcheck disable=SC2086 # VERIFY_ROUTES is a list of globs
     step "$PHASE-$family" timeout "$left" python3 -m kernel_sentinel verify --family "$family" --device cuda --record \
       --jobs "$VERIFY_JOBS" $SANITIZE ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/$PHASE-cuda-$family.json"
     set +f
-    cp traces/verification/"$family"-cuda-*.json "$OUT"/ 2>/dev/null
+    # only the record written here (the device tool returns at most 8 files)
+    find traces/verification -name "$family-cuda-*.json" -newer "/tmp/verify-start-$family" -exec cp {} "$OUT"/ \;
   done
   if [ "$VERIFY_EXTRAS" = 1 ]; then
     step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS
