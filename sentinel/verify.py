@@ -419,7 +419,12 @@ def _positive(text: str) -> int:
 
 
 def _jobs(text: str) -> int | str:
-    return text if text == "auto" else _positive(text)
+    if text == "auto":
+        return text
+    try:
+        return _positive(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
 
 
 def resolve_jobs(jobs: int | str, units: int, coverage: bool) -> int:

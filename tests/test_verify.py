@@ -440,3 +440,12 @@ def test_log_row_prints_one_line_per_row_off_a_terminal(capsys, toy_family):
     report.log_row(result, 2, 5)
     line = capsys.readouterr().err.strip()
     assert re.fullmatch(r"\[2/5\] toy\.slow float32: pass in \d+\.\d s", line), line
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_bad_jobs_is_a_usage_error(value, capsys):
+    from kernel_sentinel.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--jobs", value])
+    assert exit_info.value.code == 2 and "argument --jobs: must be" in capsys.readouterr().err
