@@ -371,7 +371,6 @@ def sanitized(result: RouteResult, options: Options) -> RouteResult:
     """``result`` with the compute-sanitizer checks appended when it is a Triton route's."""
     if not sanitize.is_triton_route(result.id):
         return result
-    console.err.print(f"compute-sanitizer: {result.id} {result.dtype}", highlight=False)
     repro = options.repro(result.family, result.id, getattr(torch, result.dtype))
     extra = sanitize.sanitize_route(result.family, result.id, result.dtype, options.seed, options.quick, repro)
     done = dataclasses.replace(result, checks=(*result.checks, *extra))
@@ -436,8 +435,14 @@ def resolve_jobs(jobs: int | str, units: int, coverage: bool) -> int:
         return int(jobs)
     if coverage or units < AUTO_MIN_UNITS:
         return 1
-    return max(1, min(AUTO_JOBS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
-                      os.cpu_count() or 1))
+    return min(AUTO_JOBS, usable_cpus())
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -478,7 +483,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import device as devices
-    from kernel_sentinel import coverage, records, registry
+    from kernel_sentinel import coverage, records, registry, workers
 
     try:
         device = devices.prepare(args.device)  # idempotent: kernel_sentinel.cli.main ran it before any kernel import
@@ -518,8 +523,6 @@ def run(args: argparse.Namespace) -> int:
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick)
 
     start = time.perf_counter()
-    from kernel_sentinel import workers
-
     jobs = resolve_jobs(args.jobs, workers.unit_count(selected, options), args.coverage)
     if jobs > 1:
         results = workers.verify_in_processes(selected, options, jobs)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import os
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -126,7 +125,7 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
     rows = _rows(selected, options)
     units = [(i, u) for i, row in enumerate(rows) for u in (*range(row.properties), OTHER_CHECKS)]
     jobs = min(jobs, len(units))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, verify.usable_cpus() // jobs)
     finished = 0
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
                                initargs=(options, threads))

@@ -22,6 +22,7 @@ CLEAN_OUTPUT = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n
 # racecheck's own summary, as compute-sanitizer printed it on an H100 (CUDA 13.0) for a clean Sinkhorn route
 CLEAN_RACECHECK = ("========= COMPUTE-SANITIZER\n"
                    "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+# a hazard in racecheck's format (constructed: no route of ours has shown one)
 RACECHECK_OUTPUT = """\
 ========= COMPUTE-SANITIZER
 ========= Warning: (Warp Level Programming) Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :
