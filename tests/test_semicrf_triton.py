@@ -21,7 +21,7 @@ from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
 from conftest import semicrf_case
 from provable_kernels.dispatch import recording
-from provable_kernels.semicrf import triton_ops
+from provable_kernels.semicrf import dispatch, triton_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf import oracle
 
@@ -235,6 +235,17 @@ def test_multi_chunk_durations(monkeypatch):
                 assert_close(g, w, 1e-10, f"grad {name_}")
         assert_decodes_by_tie_rule(make_case(integers=True, seed=2, **kwargs).to(device=DEVICE))
         assert_decodes_by_tie_rule(tied(make_case(**kwargs)).to(device=DEVICE))
+
+
+@pytest.mark.parametrize("C, route", [(64, "semicrf.triton.log.infer"), (65, "semicrf.torch.log.infer")])
+def test_more_labels_than_the_triton_limit_run_the_pytorch_recursion(C, route):
+    """Beyond TRITON_MAX_LABELS (64) the Triton kernels' register tiles spill and compile for minutes: dispatch
+    takes the PyTorch route there, with the same value."""
+    assert dispatch.TRITON_MAX_LABELS == 64
+    case = make_case(B=2, T=2, K=2, C=C, variable=True).to(device=DEVICE)
+    logz, taken = routes(lambda: case.forward("log"))
+    assert taken == [route]
+    assert_close(logz, case.to().brute_force(), 1e-4, f"logZ at C = {C}")
 
 
 def test_minus_inf_transitions():

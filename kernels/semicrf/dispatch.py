@@ -25,10 +25,17 @@ def ask_op(call: StreamingCall) -> str:
     return call.op
 
 
+# The Triton kernels keep a (CP, CP) transition tile (CP = C padded to a power of two) and its float64 gradient
+# sums in registers for the whole sequence. Up to CP = 64 that fits the register file; at CP = 128 it spills and
+# the backward takes 24 s to compile for sm_90, at CP = 512 (C = 257) more than 200 s (benchmarks/NOTES-semicrf.md).
+TRITON_MAX_LABELS = 64
+
+
 def ask_backend(call: StreamingCall) -> str:
-    """``triton`` when the caller allows it (use_triton=True) and Triton can run on the tensors' device (CUDA, or
-    CPU under TRITON_INTERPRET=1); otherwise ``torch``."""
-    return "triton" if call.use_triton and triton_usable(call.cum_scores.device) else "torch"
+    """``triton`` when the caller allows it (use_triton=True), Triton can run on the tensors' device (CUDA, or
+    CPU under TRITON_INTERPRET=1) and there are at most ``TRITON_MAX_LABELS`` (64) labels; otherwise ``torch``."""
+    usable = call.use_triton and triton_usable(call.cum_scores.device)
+    return "triton" if usable and call.C <= TRITON_MAX_LABELS else "torch"
 
 
 def ask_semiring(call: StreamingCall) -> str:
@@ -156,7 +163,8 @@ def semi_crf_streaming_forward(
     ``log``: hand-written backward (marginals); ``max``: the indicator of the decoded best path.
 
     Edges are computed on the fly from ``cum_scores``; live state is O(K*C) per sequence. Runs the Triton kernels on
-    CUDA (or on the CPU under ``TRITON_INTERPRET=1`` set before the first import) when ``use_triton``. A sequence
+    CUDA (or on the CPU under ``TRITON_INTERPRET=1`` set before the first import) when ``use_triton`` and
+    C <= 64 (``TRITON_MAX_LABELS``; more labels run the PyTorch recursion). A sequence
     with no segmentation of finite score (e.g. every transition -inf) gets -inf and zero gradients. Works under
     ``torch.compile(fullgraph=True)``, CUDA-graph capture and with meta/fake tensors (custom ops); not under
     ``torch.func`` transforms (a clear error). Value errors (NaN/+inf, lengths out of range) follow the host-sync

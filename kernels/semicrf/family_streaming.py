@@ -297,8 +297,8 @@ ADVERSARIAL = (
     Adversarial("K > T", STREAMING, lambda c: _rebuilt(c, K=c.extra["shape"].T + 2)),
     Adversarial("C = 33, 3-D transitions: one duration per chunk", STREAMING,
                 lambda c: _rebuilt(c, C=33, transition_3d=True), **CHUNKED),
-    Adversarial("C = 257, K = T = 9, 2-D transitions: two duration chunks", STREAMING,
-                lambda c: _rebuilt(c, T=9, K=9, C=257, lengths=(9, 4)), **CHUNKED),
+    Adversarial("C = 40, K = T = 65, 2-D transitions: two duration chunks", STREAMING,
+                lambda c: _rebuilt(c, T=65, K=65, C=40, lengths=(65, 30)), **CHUNKED),
     _transformed("NaN input", "cum_scores", lambda x: x.index_fill(1, torch.tensor([1], device=x.device), math.nan),
                  "NaN at t = 1", errors_ok=True),
 )
