@@ -8,7 +8,8 @@ CI machines usually have no GPU, so the gate runs what a CPU can and demands a c
    those live in. A change under ``sentinel/`` or to ``pyproject.toml`` affects every family. Without ``--base``
    every family is affected.
 2. **verify** each affected family on the CPU (``sentinel verify --device cpu`` in a fresh process: Triton under
-   its interpreter).
+   its interpreter). ``--no-cpu-verify`` leaves this step out, for a CI job that has just run the full CPU
+   verification of the same tree (``.ci/run`` runs the README's ``sentinel verify`` first).
 3. **GPU record**: each affected family whose sources define Triton kernels needs a record from a CUDA device
    (``traces/verification/<family>-cuda-*.json``) whose git blob ids match the current sources, which covers
    every route of the current tree at every dtype of the family, and whose rows all passed.
@@ -191,9 +192,10 @@ def trace_step(families: Sequence[Family]) -> Step:
 # ------------------------------------------------------------------------------------------------------- gate
 
 
-def run_gate(base: Optional[str], quick: bool) -> tuple[list[str], dict[str, list[str]], list[Step]]:
+def run_gate(base: Optional[str], quick: bool, cpu_verify: bool = True
+             ) -> tuple[list[str], dict[str, list[str]], list[Step]]:
     """The changed files (empty without ``base``), the affected families with the files that affect them, and
-    every step's outcome."""
+    every step's outcome (``cpu_verify``: with the CPU verification of each affected family)."""
     changed = changed_files(base) if base is not None else []
     try:
         families = registry.families()
@@ -207,7 +209,8 @@ def run_gate(base: Optional[str], quick: bool) -> tuple[list[str], dict[str, lis
     steps = []
     for family in families:
         if family.name in reasons:
-            steps.append(verify_step(family, quick))
+            if cpu_verify:
+                steps.append(verify_step(family, quick))
             if triton_sources(family):
                 steps.append(gpu_record_step(family))
     steps.append(trace_step(families))
@@ -220,6 +223,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--base", metavar="REF", help="check only the families affected by changes since REF "
                         "(from the merge base of REF and HEAD), e.g. origin/main")
     parser.add_argument("--quick", action="store_true", help="pass --quick to sentinel verify")
+    parser.add_argument("--no-cpu-verify", dest="cpu_verify", action="store_false",
+                        help="leave out the CPU verification (when this job has just run `sentinel verify` on the "
+                        "same tree): GPU records and traces only")
     parser.add_argument("--json", metavar="PATH", help="write the gate result as JSON")
     parser.add_argument("--junit", metavar="PATH", help="write the gate result as JUnit XML")
 
@@ -263,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     problem = unwritable({"--json": args.json, "--junit": args.junit})
     if problem:
         return console.usage_error(problem)
-    changed, reasons, steps = run_gate(args.base, args.quick)
+    changed, reasons, steps = run_gate(args.base, args.quick, args.cpu_verify)
     print_summary(args.base, changed, reasons, steps)
     passed = all(s.passed for s in steps)
     if args.json:

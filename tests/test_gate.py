@@ -301,6 +301,18 @@ def test_without_base_every_family_is_checked_and_a_missing_record_fails(clone: 
     assert "gate failed: 4/5 steps passed" in done.stdout
 
 
+def test_no_cpu_verify_checks_records_and_traces_only(clone: Path) -> None:
+    """``--no-cpu-verify`` (CI after its own full ``sentinel verify``): no verify step, the missing GPU record of
+    toya still fails the gate."""
+    (clone / "traces/verification/toya-cuda-fake-gpu.json").unlink()
+    refresh(clone, True)
+    code, result, done = run_gate(clone, "--no-cpu-verify")
+    assert code == 1, done.stdout + done.stderr
+    assert {key: s["status"] for key, s in steps(result).items()} == {
+        ("gpu-record", "toya"): "fail", ("gpu-record", "toyb"): "pass", ("trace-check", "*"): "pass"}
+    assert "gate failed: 2/3 steps passed" in done.stdout
+
+
 def test_unknown_base_is_a_usage_error() -> None:
     assert main(["gate", "--base", "no-such-ref-anywhere"]) == 2
 
