@@ -10,6 +10,9 @@ be forked) and share Triton's on-disk kernel cache: a specialisation one of them
 Families are looked up by name in the workers (:func:`kernel_sentinel.registry.family`, with the parent's
 environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not).
 
+A unit still running after ``STALL_SECONDS`` prints, once, which unit it is and its Python stack to stderr (a
+GPU session found a single Triton compilation taking minutes that way); it keeps running.
+
 A unit that cannot finish, because it raised outside the checks' own error handling or its worker process died
 (a crash, not a failing check; every unit still queued then fails the same way), fails what it stood for: its
 property, or each of the row's other checks, with the reason. The rest of the row keeps its results.
@@ -18,7 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import sys
+import threading
 import time
+import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -33,6 +39,7 @@ from kernel_sentinel.records import CheckResult, RouteResult
 from kernel_sentinel.verify import Options, RouteRun, dtype_name
 
 OTHER_CHECKS = -1  # the unit of a row's checks other than properties; a unit i >= 0 is its i-th property
+STALL_SECONDS = 180.0  # a unit running longer prints its stack once (module docstring)
 Outcome = tuple[Optional[str], list[Measurement], float]  # a property unit's result: note, comparisons, seconds
 
 _options: Optional[Options] = None  # in a worker process: the parent's options
@@ -54,8 +61,27 @@ def _other_checks(options: Options) -> Options:
     return dataclasses.replace(options, checks=tuple(c for c in options.checks if c != "properties"))
 
 
+def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
+    """Print which unit has been running for ``STALL_SECONDS`` and the stack of the thread running it."""
+    what = "its checks other than properties" if unit == OTHER_CHECKS else f"property {unit + 1}"
+    frame = sys._current_frames().get(thread)
+    stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the unit has just finished)\n"
+    print(f"still running after {STALL_SECONDS:g} s: {route_id} {dtype}, {what}; its stack:\n{stack}",
+          file=sys.stderr, end="", flush=True)
+
+
 def _run_unit(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
     """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome)."""
+    watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
+    watch.daemon = True
+    watch.start()
+    try:
+        return _unit_result(family_name, route_id, dtype, unit)
+    finally:
+        watch.cancel()
+
+
+def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
     from kernel_sentinel import registry
 
     family, torch_dtype = registry.family(family_name), getattr(torch, dtype)

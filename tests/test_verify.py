@@ -433,6 +433,29 @@ def test_jobs_a_dead_worker_fails_only_what_it_was_running(in_process_jobs, monk
     assert all(not c.passed and "its --jobs worker process died (killed)" in c.detail for c in others)
 
 
+def test_jobs_a_stalled_unit_prints_which_it_is_and_its_stack(in_process_jobs, monkeypatch, capsys):
+    """A unit still running after STALL_SECONDS says so once, with the stack of where it is; its result stands."""
+    import time
+
+    from kernel_sentinel import workers
+
+    family, unit_result = in_process_jobs, workers._unit_result
+
+    def stalls_in_other_checks(family_name, route_id, dtype, unit):
+        if unit == workers.OTHER_CHECKS:
+            time.sleep(0.5)
+        return unit_result(family_name, route_id, dtype, unit)
+
+    monkeypatch.setattr(workers, "STALL_SECONDS", 0.1)
+    monkeypatch.setattr(workers, "_unit_result", stalls_in_other_checks)
+    (row,) = workers.verify_in_processes([(family, "toy.fast", torch.float32)], CPU, 2)
+    assert row == verify_route(family, "toy.fast", CPU, dtype=torch.float32)
+    err = capsys.readouterr().err
+    assert err.count("still running after 0.1 s") == 1, err
+    assert "still running after 0.1 s: toy.fast float32, its checks other than properties; its stack:" in err
+    assert "in stalls_in_other_checks" in err and "time.sleep(0.5)" in err
+
+
 def test_log_row_prints_one_line_per_row_off_a_terminal(capsys, toy_family):
     import re
 
