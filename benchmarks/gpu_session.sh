@@ -10,8 +10,8 @@
 # verify runs one process per family of VERIFY_FAMILIES (default: every family; each family's record is written
 # when it finishes) and, with VERIFY_ROUTES (space-separated globs, e.g. 'semicrf.triton.*'), records that part
 # only: it joins the family's saved record of the same sources (copy the earlier part into traces/verification/
-# first), for a family whose verification does not fit one call (semicrf's Triton rows took > 570 s in one
-# process on an H100). The GPU tests and the precision check run only with VERIFY_EXTRAS=1.
+# first), for a family whose verification does not fit one call (none now: semicrf's took 60 s with 14 workers
+# once its C = 257 compilation was gone). The GPU tests and the precision check run only with VERIFY_EXTRAS=1.
 # bench leaves $OUT/benchmarks.tar.gz (<family>/ folders: CSV, JSON, memory breakdown, plots/; the device tool
 # returns at most 8 files) and $OUT/session.log: tar xzf benchmarks.tar.gz -C benchmarks/results/.
 set -u -o pipefail

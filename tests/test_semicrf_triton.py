@@ -239,13 +239,13 @@ def test_multi_chunk_durations(monkeypatch):
 
 @pytest.mark.parametrize("C, route", [(64, "semicrf.triton.log.infer"), (65, "semicrf.torch.log.infer")])
 def test_more_labels_than_the_triton_limit_run_the_pytorch_recursion(C, route):
-    """Beyond TRITON_MAX_LABELS (64) the Triton kernels' register tiles spill and compile for minutes: dispatch
-    takes the PyTorch route there, with the same value."""
+    """Beyond TRITON_MAX_LABELS (64) the Triton kernels' register tiles grow past the register file (at C = 257
+    the backward compiled for minutes): dispatch takes the PyTorch route there, exact as below the limit."""
     assert dispatch.TRITON_MAX_LABELS == 64
     case = make_case(B=2, T=2, K=2, C=C, variable=True).to(device=DEVICE)
     logz, taken = routes(lambda: case.forward("log"))
     assert taken == [route]
-    assert_close(logz, case.to().brute_force(), 1e-4, f"logZ at C = {C}")
+    assert_close(logz, case.to().brute_force(), 1e-10, f"logZ at C = {C}")  # float64, as the other oracle tests
 
 
 def test_minus_inf_transitions():
