@@ -58,10 +58,11 @@ def value_checks_kernel(f0, f1, f2, f3, f4, n0, n1, n2, n3, n4, ints, n_ints, lo
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether :func:`check_values` can run on ``x``'s device now (module docstring)."""
-    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):
+    """Whether :func:`check_values` can run on ``x``'s device now (module docstring). On the CPU the kernel must
+    have been built under the interpreter (``TRITON_INTERPRET=1`` before this module was imported)."""
+    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor) or not triton_usable(x.device):
         return False
-    return triton_usable(x.device)
+    return x.is_cuda or not isinstance(value_checks_kernel, triton.runtime.JITFunction)
 
 
 def check_values(floats: Sequence[tuple[Optional[torch.Tensor], bool]], ints: torch.Tensor, low: int,

@@ -112,22 +112,28 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
     floats = (cum_scores, transition, duration_bias, proj_start, proj_end)
     dtype = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in floats) else torch.float32
-    cum_scores, transition, duration_bias, proj_start, proj_end = (None if x is None else x.to(dtype) for x in floats)
+    cum_scores, transition, duration_bias, proj_start, proj_end = (  # a cast only where needed (host time)
+        x if x is None or x.dtype == dtype else x.to(dtype) for x in floats)
     lengths = validate.tensor("lengths", lengths, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     validate.shape("lengths", lengths, (B,), "(B,)")
     floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
+    fused_failed = False
     if fused and fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
         ok, clamped = fused_checks.check_values(floats, lengths, 1, T1 - 1)
         if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
             return Scores(cum_scores, transition, duration_bias, clamped, K, proj_start, proj_end, ok=ok)
         if bool(ok):  # host mode, every value right: no per-check pass
             return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+        fused_failed = True
     checks = validate.DataChecks(at_sync_point=at_sync_point)  # one reduction per check: the named error
     for name, (x, allow_neg_inf) in zip(SCORE_NAMES, floats):
         if x is not None:
             checks.finite(name, x, allow_neg_inf=allow_neg_inf)
     lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
-    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=checks.flag())
+    ok = checks.flag()  # host mode: raises the named error of a failed check
+    if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
+        raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
+    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
 
 
 def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
