@@ -3,8 +3,9 @@ integer tensor, fused into one flag.
 
 :class:`provable_kernels.validate.DataChecks` queues one small reduction per check (about fifteen launches for a
 semi-CRF call), which costs more host time than a launch-bound kernel itself. :func:`check_values` reads every
-element once in one kernel of ``cdiv(max numel, BLOCK)`` programs, each writing whether its block passed, and
-returns the fused flag (one more launch: ``all``) and the integers clamped into range (kernels then never index
+element once in one kernel of ``cdiv(max numel, BLOCK)`` programs, each writing whether its block failed (so
+that an element no program wrote, poisoned with True under ``sentinel verify``, fails), and returns the fused
+flag (two more launches: ``any`` and ``logical_not``) and the integers clamped into range (kernels then never index
 out of bounds while the flag poisons the result). What the flag means is the host-sync policy of
 :class:`~provable_kernels.validate.DataChecks`: read on the host (host mode: the caller then raises the named
 error) or handed to :func:`~provable_kernels.validate.poison` (device mode).
@@ -30,31 +31,31 @@ BLOCK = 4096  # elements of each tensor per program
 
 
 @triton.jit
-def _block_finite(ptr, n, offs, ALLOW_NEG_INF: tl.constexpr):
-    """1 when the elements ``offs`` (< n) of ``ptr`` hold no NaN and no +inf (nor -inf unless ALLOW_NEG_INF)."""
+def _block_bad(ptr, n, offs, ALLOW_NEG_INF: tl.constexpr):
+    """1 when an element ``offs`` (< n) of ``ptr`` holds NaN or +inf (or -inf unless ALLOW_NEG_INF), else 0."""
     x = tl.load(ptr + offs, mask=offs < n, other=0.0)
     bad = (x != x) | (x == float("inf"))
     if not ALLOW_NEG_INF:
         bad = bad | (x == float("-inf"))
-    return 1 - tl.max(bad.to(tl.int32), 0)
+    return tl.max(bad.to(tl.int32), 0)
 
 
 @triton.jit(do_not_specialize=("n0", "n1", "n2", "n3", "n4", "n_ints", "low", "high"))
-def value_checks_kernel(f0, f1, f2, f3, f4, n0, n1, n2, n3, n4, ints, n_ints, low, high, clamped, block_ok,
+def value_checks_kernel(f0, f1, f2, f3, f4, n0, n1, n2, n3, n4, ints, n_ints, low, high, clamped, block_bad,
                         NEG0: tl.constexpr, NEG1: tl.constexpr, NEG2: tl.constexpr, NEG3: tl.constexpr,
                         NEG4: tl.constexpr, BLOCK: tl.constexpr):
     """Program p checks elements [p*BLOCK, (p+1)*BLOCK) of each float tensor f_i (n_i elements, -inf allowed
     when NEG_i) and of ``ints`` (in low..high), writes those integers clamped into ``clamped`` and
-    ``block_ok[p]`` = 1 when every check of its block passed, else 0."""
+    ``block_bad[p]``: True when a check of its block failed."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = _block_finite(f0, n0, offs, NEG0) & _block_finite(f1, n1, offs, NEG1) & _block_finite(f2, n2, offs, NEG2)
-    ok = ok & _block_finite(f3, n3, offs, NEG3) & _block_finite(f4, n4, offs, NEG4)
+    bad = _block_bad(f0, n0, offs, NEG0) | _block_bad(f1, n1, offs, NEG1) | _block_bad(f2, n2, offs, NEG2)
+    bad = bad | _block_bad(f3, n3, offs, NEG3) | _block_bad(f4, n4, offs, NEG4)
     m = offs < n_ints
     v = tl.load(ints + offs, mask=m, other=low)
-    ok = ok & (1 - tl.max(((v < low) | (v > high)).to(tl.int32), 0))
+    bad = bad | tl.max(((v < low) | (v > high)).to(tl.int32), 0)
     tl.store(clamped + offs, tl.minimum(tl.maximum(v, low), high), mask=m)
-    tl.store(block_ok + pid, ok != 0)
+    tl.store(block_bad + pid, bad != 0)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -78,11 +79,11 @@ def check_values(floats: Sequence[tuple[Optional[torch.Tensor], bool]], ints: to
     ints = ints.contiguous()
     largest = max([ints.numel()] + [x.numel() for x, _ in present])
     programs = max(1, triton.cdiv(largest, BLOCK))
-    block_ok = alloc.empty((programs,), dtype=torch.bool, device=ints.device)
+    block_bad = alloc.empty((programs,), dtype=torch.bool, device=ints.device)
     clamped = alloc.empty(ints.shape, dtype=ints.dtype, device=ints.device)
     slots = present + [(present[0][0] if present else clamped, True)] * (MAX_FLOATS - len(present))
     sizes = [x.numel() for x, _ in present] + [0] * (MAX_FLOATS - len(present))
     value_checks_kernel[(programs,)](
-        *(x for x, _ in slots), *sizes, ints, ints.numel(), low, high, clamped, block_ok,
+        *(x for x, _ in slots), *sizes, ints, ints.numel(), low, high, clamped, block_bad,
         *(neg for _, neg in slots), BLOCK=BLOCK)
-    return block_ok.all(), clamped
+    return block_bad.any().logical_not(), clamped
