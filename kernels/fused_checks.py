@@ -61,6 +61,7 @@ def value_checks_kernel(f0, f1, f2, f3, f4, n0, n1, n2, n3, n4, ints, n_ints, lo
 def usable(x: torch.Tensor) -> bool:
     """Whether :func:`check_values` can run on ``x``'s device now (module docstring). On the CPU the kernel must
     have been built under the interpreter (``TRITON_INTERPRET=1`` before this module was imported)."""
+    # verify: unreached (compile, meta/fake tensors, no Triton on the device: the per-check path; tests)
     if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor) or not triton_usable(x.device):
         return False
     return x.is_cuda or not isinstance(value_checks_kernel, triton.runtime.JITFunction)

@@ -120,6 +120,7 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
     fused_failed = False
     if fused and fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
         ok, clamped = fused_checks.check_values(floats, lengths, 1, T1 - 1)
+        # verify: unreached (device mode: CUDA calls by default; tests/test_fused_checks.py on the CPU)
         if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
             return Scores(cum_scores, transition, duration_bias, clamped, K, proj_start, proj_end, ok=ok)
         if bool(ok):  # host mode, every value right: no per-check pass
