@@ -60,7 +60,7 @@ class Op:
         if not plain_eager(tensors[0]):  # verify: unreached (compile, export, fake tensors, torch.func; tests)
             return self.custom_op(*args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            if self.function is None:  # verify: unreached (differentiating an op without a formula; tests)
+            if self.function is None:  # e.g. the semi-CRF Viterbi op under max.train: its outputs get no gradient
                 return self.custom_op(*args)  # torch's own error when its output is differentiated
             out = self.function.apply(*args)
             return list(out) if self.returns_list else out

@@ -142,7 +142,7 @@ class DataChecks:
 
     def finite(self, name: str, x: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
         """Queue :func:`finite`: no NaN, no +inf (nor -inf unless ``allow_neg_inf``)."""
-        if x.numel() == 0:
+        if x.numel() == 0:  # verify: unreached (no verified entry point takes an empty float tensor; tests)
             return
         ok = _finite_flag(x, allow_neg_inf)
         what = f"{name} contains NaN or {'+inf' if allow_neg_inf else 'inf'}"
@@ -151,7 +151,7 @@ class DataChecks:
     def in_range(self, name: str, x: torch.Tensor, low: int, high: int) -> torch.Tensor:
         """Queue ``low <= x <= high`` elementwise. Returns ``x``, or in device mode ``x`` clamped into the range
         (use the returned tensor: kernels then never index out of bounds while the flag poisons the result)."""
-        if x.numel() == 0:
+        if x.numel() == 0:  # verify: unreached (no verified entry point takes an empty range-checked tensor; tests)
             return x
 
         def explain() -> None:
@@ -177,7 +177,7 @@ class DataChecks:
         if not self._pending:
             return None
         pending, self._pending = self._pending, []
-        if not self._host:
+        if not self._host:  # verify: unreached (device mode: CUDA by default, compile, capture; tests on the CPU)
             return torch.stack([ok.to(pending[0][0].device) for ok, _, _ in pending]).all()
         flags = torch.stack([ok.to(pending[0][0].device) for ok, _, _ in pending]).tolist()
         for good, (_, explain, _) in zip(flags, pending):
@@ -191,7 +191,7 @@ class DataChecks:
         callers that can poison their outputs use :meth:`flag` instead."""
         whats = [what for _, _, what in self._pending]
         ok = self.flag()
-        if ok is not None:
+        if ok is not None:  # verify: unreached (device mode: CUDA by default, compile, capture; tests on the CPU)
             torch._assert_async(ok, "a value check failed (one of: " + "; ".join(whats) + "); run the call eagerly "
                                 "on the CPU or inside provable_kernels.validate.value_checks('sync') for the named "
                                 "error")
@@ -221,11 +221,11 @@ def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
     the state at call time: never while compiling, capturing a CUDA graph, under ``torch.func`` transforms or for
     meta/fake tensors; otherwise always ``at_sync_point`` (the caller syncs anyway), else per
     :func:`value_checks`."""
-    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):
+    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):  # verify: unreached (compile, meta)
         return False
-    if torch._C._are_functorch_transforms_active():
+    if torch._C._are_functorch_transforms_active():  # verify: unreached (torch.func transforms; tests)
         return False
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():  # verify: unreached (CUDA-graph capture; GPU script)
         return False
     mode = _MODE.get()
     return at_sync_point or mode == "sync" or (mode == "auto" and x.device.type == "cpu")
@@ -238,6 +238,6 @@ def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     against ``x`` (e.g. one flag per matrix: only the failed ones turn NaN)."""
     if ok is None:
         return x
-    if not x.is_floating_point():
+    if not x.is_floating_point():  # verify: unreached (internal guard: callers poison float outputs; tests)
         raise TypeError(f"poison needs a float tensor, got {x.dtype}")
     return x * torch.where(ok, 1.0, float("nan")).to(x.dtype)

@@ -24,8 +24,9 @@ from typing import Optional
 
 import torch
 
-from provable_kernels import validate
+from provable_kernels import fused_checks, validate
 
+SCORE_NAMES = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
 SEMIRINGS = ("log", "max")
 OPS = ("partition", "viterbi")
 
@@ -78,13 +79,15 @@ TRANSFORMS_HINT = ("the semi-CRF does not support torch.func transforms (vmap, g
 
 
 def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=None, proj_end=None, *,
-                 at_sync_point: bool = False) -> Scores:
+                 at_sync_point: bool = False, fused: bool = False) -> Scores:
     """Validate the score tensors (naming the argument on error: ``TypeError`` for a wrong type or dtype,
     ``ValueError`` for a wrong shape, device or value) and cast the float ones to the compute dtype (module
     docstring). Types, shapes, dtypes and devices are checked on the host before any work; the value checks
     (finiteness, length range) follow the host-sync policy of :class:`provable_kernels.validate.DataChecks`
     (``at_sync_point``: the caller reads results on the host anyway): a named error now, or ``Scores.ok`` for
-    the caller to poison its outputs with (``lengths`` then clamped into 1..T)."""
+    the caller to poison its outputs with (``lengths`` then clamped into 1..T). ``fused``: where Triton runs,
+    every value check in one launch (:mod:`provable_kernels.fused_checks`); in host mode a failure is then
+    checked again per argument for the named error."""
     # verify: unreached (torch.func transforms are refused with a hint; tests)
     if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
         raise RuntimeError(TRANSFORMS_HINT)
@@ -109,16 +112,29 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
     floats = (cum_scores, transition, duration_bias, proj_start, proj_end)
     dtype = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in floats) else torch.float32
-    cum_scores, transition, duration_bias, proj_start, proj_end = (None if x is None else x.to(dtype) for x in floats)
-    checks = validate.DataChecks(at_sync_point=at_sync_point)
-    checks.finite("cum_scores", cum_scores)
-    checks.finite("transition", transition, allow_neg_inf=True)
-    checks.finite("duration_bias", duration_bias, allow_neg_inf=True)
-    for name, proj in (("proj_start", proj_start), ("proj_end", proj_end)):
-        if proj is not None:
-            checks.finite(name, proj, allow_neg_inf=True)
-    lengths = validate.lengths("lengths", lengths, B, T1 - 1, device, checks)
-    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=checks.flag())
+    cum_scores, transition, duration_bias, proj_start, proj_end = (  # a cast only where needed (host time)
+        x if x is None or x.dtype == dtype else x.to(dtype) for x in floats)
+    lengths = validate.tensor("lengths", lengths, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+    validate.shape("lengths", lengths, (B,), "(B,)")
+    floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
+    fused_failed = False
+    if fused and fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
+        ok, clamped = fused_checks.check_values(floats, lengths, 1, T1 - 1)
+        # verify: unreached (device mode: CUDA calls by default; tests/test_fused_checks.py on the CPU)
+        if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
+            return Scores(cum_scores, transition, duration_bias, clamped, K, proj_start, proj_end, ok=ok)
+        if bool(ok):  # host mode, every value right: no per-check pass
+            return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+        fused_failed = True
+    checks = validate.DataChecks(at_sync_point=at_sync_point)  # one reduction per check: the named error
+    for name, (x, allow_neg_inf) in zip(SCORE_NAMES, floats):
+        if x is not None:
+            checks.finite(name, x, allow_neg_inf=allow_neg_inf)
+    lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
+    ok = checks.flag()  # host mode: raises the named error of a failed check
+    if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
+        raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
+    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
 
 
 def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
@@ -131,7 +147,7 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end,
-                          at_sync_point=op == "viterbi")
+                          at_sync_point=op == "viterbi", fused=use_triton)
     # Fields spelled out: torch.compile (dynamo) cannot trace vars() of a frozen dataclass.
     return StreamingCall(scores.cum_scores, scores.transition, scores.duration_bias, scores.lengths, scores.K,
                          scores.proj_start, scores.proj_end, ok=scores.ok, op=op, semiring=semiring,
