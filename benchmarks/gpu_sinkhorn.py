@@ -1,6 +1,6 @@
 """GPU check and benchmark of the Sinkhorn family (run by the lead on an H100 / H200).
 
-    python benchmarks/gpu_sinkhorn.py --out DIR [--budget-s 300]
+    python benchmarks/gpu_sinkhorn.py --out DIR [--budget-s 300] [--timings-only]
 
 1. Correctness of every Triton route (log / prob x infer / train) against the float64 loop of the convention
    (``provable_kernels.sinkhorn.oracle.sinkhorn_oracle``, run on the GPU in float64) at float32, float64,
@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--timings-only", action="store_true",
+                        help="skip the checks (1-3): their sweep over n = 1..64 at four dtypes compiles for more than "
+                             "5 minutes on a fresh machine; sentinel verify checks the routes on the GPU too")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_sinkhorn.py needs a CUDA GPU", file=sys.stderr)
@@ -224,9 +227,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = Deadline(args.budget_s)
     started = time.time()
-    routes = check_routes(device)
-    guards = check_guards(device)
-    determinism = check_determinism(device)
+    routes, guards, determinism = ([], [], []) if args.timings_only else (
+        check_routes(device), check_guards(device), check_determinism(device))
     failed = [r for r in routes + guards if not r["pass"]] + [r for r in determinism if not r["bitwise_equal"]]
     for r in failed:
         print("  FAIL", r, flush=True)
@@ -246,7 +248,8 @@ def main(argv=None) -> int:
     write_csv(args.out / "sinkhorn_timings.csv", timings,
               ("dtype", "B", "n", "domain", "impl", "phase", "status", "median_us", "reps", "peak_mb", "floor_us",
                "floor_fraction"))
-    print("checks pass" if not failed else "CHECKS FAIL", flush=True)
+    print("checks skipped (--timings-only)" if args.timings_only else "checks pass" if not failed else "CHECKS FAIL",
+          flush=True)
     return 0 if not failed else 1
 
 
