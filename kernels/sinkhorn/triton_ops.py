@@ -40,7 +40,9 @@ class Plan:
 def plan(B: int, n: int, device: torch.device) -> Plan:
     """Pack as many matrices per program as fit ``TILE`` while keeping ``PROGRAMS_PER_SM`` programs per SM when
     the batch allows (so B = 32 and B = 1M both spread over the GPU), with ``ENTRIES_PER_THREAD`` entries of the
-    tile per thread (the row and column sums then stay within a few lanes of one warp). Under the interpreter
+    tile per thread. At NB <= 4 the kernels' row-by-row loads put whole matrices in one thread (one 4 x 4 matrix
+    per thread at n = 3, 4): row and column sums are additions in registers. At NB >= 8 a thread holds one row of
+    a matrix and the column sums cross the lanes of a warp. Under the interpreter
     (CPU), where programs run one after another and each operation costs the same at any tile size, pack as much
     as fits ``TILE``."""
     NB = triton.next_power_of_2(n)

@@ -1,7 +1,9 @@
 """Triton kernels of the Sinkhorn family (``@triton.jit`` code only; the host side is in ``triton_ops``).
 
 One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n rounded up to a power of two; padded
-rows, columns and matrices are masked). Nothing per iteration goes to global memory: the forward reads ``x`` once
+rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row and joined (``_load``), which
+gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
+shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
 and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
 scaling vectors of every ceil(sqrt(iters))-th step in registers (O(n sqrt(iters)) per matrix), replays each step
 from the nearest kept one (about 2.5 iters steps in all), and writes the input gradient once. Blocks that run the
@@ -34,19 +36,52 @@ def _safe(d):
 
 @triton.jit
 def _tile(pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
-    """Offsets of the program's (BM, NB, NB) tile and its masks: entries, rows (BM, NB, 1), columns (BM, 1, NB)."""
+    """Masks of the program's (BM, NB, NB) tile: entries, rows (BM, NB, 1), columns (BM, 1, NB)."""
     b = pid * BM + tl.arange(0, BM)[:, None, None]
     i = tl.arange(0, NB)[None, :, None]
     j = tl.arange(0, NB)[None, None, :]
     rows = (b < B) & (i < N)
     cols = (b < B) & (j < N)
-    offs = b.to(tl.int64) * (N * N) + i * N + j
-    return offs, rows & cols, rows, cols
+    return rows & cols, rows, cols
 
 
 @triton.jit
-def _load(ptr, offs, valid, F64: tl.constexpr):
-    v = tl.load(ptr + offs, mask=valid, other=0.0)
+def _row(ptr, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Pointers and mask of row ``i`` of the program's matrices, (BM, NB): NB contiguous entries per matrix (the
+    mask is constant along a row at N = NB, so that the row is one vector access)."""
+    b = pid * BM + tl.arange(0, BM)[:, None]
+    j = tl.arange(0, NB)[None, :]
+    mask = b < B
+    if N < NB:
+        mask = mask & (j < N) & (i < N)
+    return ptr + b.to(tl.int64) * (N * N) + i * N + j, mask
+
+
+@triton.jit
+def _load_row(ptr, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    p, m = _row(ptr, pid, B, i, N, NB, BM)
+    return tl.load(p, mask=m, other=0.0)
+
+
+@triton.jit
+def _load(ptr, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr):
+    """The program's (BM, NB, NB) tile of ``ptr`` in the compute dtype (0 off the tile). At NB <= 4 the rows are
+    loaded one by one (a vector load per row and matrix) and joined, so that the tile's layout holds each matrix
+    in one thread: row and column sums are then additions in registers, without shuffles."""
+    if NB == 1:
+        v = tl.reshape(_load_row(ptr, pid, B, 0, N, NB, BM), (BM, 1, 1))
+    elif NB == 2:
+        v = tl.permute(tl.join(_load_row(ptr, pid, B, 0, N, NB, BM), _load_row(ptr, pid, B, 1, N, NB, BM)),
+                       (0, 2, 1))
+    elif NB == 4:  # (BM, j, k, l) holds row 2k + l
+        v = tl.join(tl.join(_load_row(ptr, pid, B, 0, N, NB, BM), _load_row(ptr, pid, B, 2, N, NB, BM)),
+                    tl.join(_load_row(ptr, pid, B, 1, N, NB, BM), _load_row(ptr, pid, B, 3, N, NB, BM)))
+        v = tl.reshape(tl.permute(v, (0, 2, 3, 1)), (BM, NB, NB))
+    else:
+        b = pid * BM + tl.arange(0, BM)[:, None, None]
+        i = tl.arange(0, NB)[None, :, None]
+        j = tl.arange(0, NB)[None, None, :]
+        v = tl.load(ptr + b.to(tl.int64) * (N * N) + i * N + j, mask=(b < B) & (i < N) & (j < N), other=0.0)
     if F64:
         v = v.to(tl.float64)
     else:
@@ -55,11 +90,42 @@ def _load(ptr, offs, valid, F64: tl.constexpr):
 
 
 @triton.jit
-def _load_logits(x_ptr, offs, valid, F64: tl.constexpr):
+def _store_row(ptr, v, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    p, m = _row(ptr, pid, B, i, N, NB, BM)
+    tl.store(p, v.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _store(ptr, v, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Stores the (BM, NB, NB) tile ``v`` on the tile of ``ptr``, row by row at NB <= 4 (the inverse of ``_load``)."""
+    if NB == 1:
+        _store_row(ptr, tl.reshape(v, (BM, 1)), pid, B, 0, N, NB, BM)
+    elif NB == 2:
+        v0, v1 = tl.split(tl.permute(v, (0, 2, 1)))
+        _store_row(ptr, v0, pid, B, 0, N, NB, BM)
+        _store_row(ptr, v1, pid, B, 1, N, NB, BM)
+    elif NB == 4:
+        even, odd = tl.split(tl.permute(tl.reshape(v, (BM, 2, 2, NB)), (0, 3, 1, 2)))
+        v0, v2 = tl.split(even)
+        v1, v3 = tl.split(odd)
+        _store_row(ptr, v0, pid, B, 0, N, NB, BM)
+        _store_row(ptr, v1, pid, B, 1, N, NB, BM)
+        _store_row(ptr, v2, pid, B, 2, N, NB, BM)
+        _store_row(ptr, v3, pid, B, 3, N, NB, BM)
+    else:
+        b = pid * BM + tl.arange(0, BM)[:, None, None]
+        i = tl.arange(0, NB)[None, :, None]
+        j = tl.arange(0, NB)[None, None, :]
+        tl.store(ptr + b.to(tl.int64) * (N * N) + i * N + j, v.to(ptr.dtype.element_ty),
+                 mask=(b < B) & (i < N) & (j < N))
+
+
+@triton.jit
+def _load_logits(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr):
     """``x`` with NaN and +inf entries replaced by 0, and ``bad`` (BM, 1, 1): the matrices that held one. Their
     outputs and gradients are stored as NaN (the value check of device mode, on chip); the replacement keeps
     them from steering the block's shared choices (the log loop or the scaling form) for the other matrices."""
-    x = _load(x_ptr, offs, valid, F64)
+    x = _load(x_ptr, pid, B, N, NB, BM, F64)
     bad_entry = valid & ((x < float("inf")) == 0)
     bad = tl.max(tl.max(bad_entry.to(tl.int32), axis=2), axis=1)[:, None, None] > 0
     return tl.where(bad_entry, 0.0, x), bad
@@ -90,12 +156,13 @@ def _norm(W, F, valid, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
+def _log_prepare(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr,
+                 RMAX: tl.constexpr):
     """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
     ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
     (0 where flagged), the gradient mask ``not x < -1e5``, whether this block must run the log-domain loop (a
     flag, or some row of ``L`` spanning more than ``RMAX``) and the matrices holding NaN or +inf."""
-    x, bad = _load_logits(x_ptr, offs, valid, F64)
+    x, bad = _load_logits(x_ptr, pid, B, valid, N, NB, BM, F64)
     clamped = valid & (x < CLAMP)
     m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
     flat = m == float("-inf")
@@ -150,10 +217,10 @@ def _log_replay(L, F, K, k, use_log, valid, rows, cols):
 def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                        F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
     S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
-    tl.store(out_ptr + offs, tl.where(bad, float("nan"), Q).to(out_ptr.dtype.element_ty), mask=valid)
+    _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
 
 
 @triton.jit
@@ -163,9 +230,9 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
     ``c`` of every STRIDE-th step (CP slots, O(n * iters / STRIDE) per matrix, in registers); step k is replayed
     from the nearest kept one (< STRIDE steps). Log loop (wide blocks): step k is replayed from ``x``."""
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
-    Wb = _load(grad_ptr, offs, valid, F64)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
+    Wb = _load(grad_ptr, pid, B, N, NB, BM, F64)
     if use_log:
         for t in range(0, ITERS):
             S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
@@ -194,14 +261,15 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
             Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
             Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
     gx = tl.where(bad, float("nan"), tl.where(keep, Wb, 0.0))
-    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
+    _store(gx_ptr, gx, pid, B, N, NB, BM)
 
 
 @triton.jit
-def _prob_prepare(x_ptr, offs, valid, eps, F64: tl.constexpr):
+def _prob_prepare(x_ptr, pid, B, valid, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                  F64: tl.constexpr):
     """``s = softmax(x, last dim)`` (an all -inf row gives 1/n), ``p0 = s + eps`` (0 off the tile), the all -inf
     rows and the matrices holding NaN or +inf."""
-    x, bad = _load_logits(x_ptr, offs, valid, F64)
+    x, bad = _load_logits(x_ptr, pid, B, valid, N, NB, BM, F64)
     m = tl.max(tl.where(valid, x, float("-inf")), axis=2)[:, :, None]
     z = tl.where(m == float("-inf"), 0.0, x - tl.where(m == float("-inf"), 0.0, m))
     e = tl.where(valid, tl.exp(z), 0.0)
@@ -224,14 +292,14 @@ def _prob_step(p0, r, c, idx, eps):
 def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                         F64: tl.constexpr):
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     for t in range(0, ITERS):
         r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    tl.store(out_ptr + offs, tl.where(bad, float("nan"), r * p0 * c).to(out_ptr.dtype.element_ty), mask=valid)
+    _store(out_ptr, tl.where(bad, float("nan"), r * p0 * c), pid, B, N, NB, BM)
 
 
 @triton.jit
@@ -240,9 +308,9 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
     """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
     STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     slots_r = tl.arange(0, CP)[None, None, :]
     slots_c = tl.arange(0, CP)[None, :, None]
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
@@ -254,7 +322,7 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
             kept_r = tl.where(slots_r == t // STRIDE, r, kept_r)
             kept_c = tl.where(slots_c == t // STRIDE, c, kept_c)
         r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    Pb = _load(grad_ptr, offs, valid, F64)
+    Pb = _load(grad_ptr, pid, B, N, NB, BM, F64)
     for t in range(0, ITERS):
         k = ITERS - t
         j = (k - 1) // STRIDE
@@ -268,4 +336,4 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
         Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) / dr
     gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
     gx = tl.where(bad, float("nan"), tl.where(flat, 0.0, gx))
-    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
+    _store(gx_ptr, gx, pid, B, N, NB, BM)
