@@ -56,6 +56,17 @@ def plan(B: int, n: int, device: torch.device) -> Plan:
     return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // (32 * ENTRIES_PER_THREAD))))
 
 
+def _stride(iters: int, nb: int) -> int:
+    """Steps between the scalings the backward keeps. Each reverse step selects its kept vector (a ``where`` over
+    all CP slots) and replays (stride - 1) / 2 steps on average. With a matrix per thread (NB <= 4) a slot costs
+    about 2 NB instructions and a step about 25 NB, so at most 8 slots (stride ceil(iters / 8): at iters = 20, 7
+    slots and one replayed step on average, against 4 slots and two with ceil(sqrt(iters))). At NB >= 8,
+    ceil(sqrt(iters))."""
+    if nb <= 4:
+        return triton.cdiv(iters, 8)
+    return math.isqrt(iters - 1) + 1
+
+
 def _checked(x: torch.Tensor) -> tuple[int, int]:
     if x.dim() != 3 or x.shape[1] != x.shape[2] or not x.is_contiguous():  # verify: unreached (internal guard)
         raise ValueError(f"x must be a contiguous (B, n, n) tensor, got shape {tuple(x.shape)}")
@@ -70,8 +81,8 @@ def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, pr
     f64 = x.dtype == torch.float64
     common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
     backward = log_kernel is kernels.log_backward_kernel
-    if backward:  # the scalings of every STRIDE-th step are kept, STRIDE = ceil(sqrt(iters))
-        stride = math.isqrt(iters - 1) + 1
+    if backward:  # the scalings of every STRIDE-th step are kept in CP slots
+        stride = _stride(iters, p.NB)
         common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
     steps = (iters, stride) if backward else (iters,)
     if domain == "log":
