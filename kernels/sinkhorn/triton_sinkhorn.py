@@ -192,14 +192,16 @@ def _log_prepare(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl
 
 @triton.jit
 def _scale_rows(K, c, rows):
-    """``r = 1 / (K c)`` on valid rows (0 elsewhere)."""
-    return tl.where(rows, _rcp(_safe(tl.sum(K * c, axis=2)[:, :, None])), 0.0)
+    """``r = 1 / (K c)`` on valid rows (0 elsewhere). A valid row's sum is positive (its largest entry of ``K`` is
+    1 and ``c > 0``), so only the rows off the tile divide by 0, and the mask drops them."""
+    return tl.where(rows, _rcp(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
 
 
 @triton.jit
 def _scale_cols(K, r, cols):
-    """``c = 1 / (K^T r)`` on valid columns (0 elsewhere)."""
-    return tl.where(cols, _rcp(_safe(tl.sum(K * r, axis=1)[:, None, :])), 0.0)
+    """``c = 1 / (K^T r)`` on valid columns (0 elsewhere; a valid column's sum is positive: ``K >= exp(-RMAX)``
+    and ``r > 0`` on valid rows)."""
+    return tl.where(cols, _rcp(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
 
 
 @triton.jit
