@@ -5,14 +5,15 @@ rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row
 gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
 shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
 and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
-scaling vectors of every ceil(sqrt(iters))-th step in registers (O(n sqrt(iters)) per matrix), replays each step
-from the nearest kept one (about 2.5 iters steps in all), and writes the input gradient once. Blocks that run the
-log loop replay each step from ``x`` (iters^2 / 2 steps).
+scaling vectors of every STRIDE-th step in registers (CP slots per vector; ``triton_ops._stride``), replays each
+step from the nearest kept one (about 2 to 2.5 iters steps in all), and writes the input gradient once. Blocks
+that run the log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
-log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (divisions only) with output ``r_i K_ij c_j``:
-``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX`` in ``L`` (so
-``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself (``use_log``).
+log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (reciprocals only, ``_rcp``) with output
+``r_i K_ij c_j``: ``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX``
+in ``L`` (so ``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself
+(``use_log``).
 
 Probability domain: ``p0 = softmax(x) + eps`` (n^2 exponentials, once); every later step is a diagonal scaling
 ``p = r_i p0_ij c_j``, so iterations are matrix-vector sums and divisions.
@@ -111,7 +112,7 @@ def _store_row(ptr, v, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexp
 
 @triton.jit
 def _store(ptr, v, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
-    """Stores the (BM, NB, NB) tile ``v`` on the tile of ``ptr``, row by row at NB <= 4 (the inverse of ``_load``)."""
+    """Stores the (BM, NB, NB) tile ``v`` on the tile of ``ptr``, row by row at NB <= 4 (inverse of ``_load``)."""
     if NB == 1:
         _store_row(ptr, tl.reshape(v, (BM, 1)), pid, B, 0, N, NB, BM)
     elif NB == 2:
