@@ -52,7 +52,7 @@ def check(x: torch.Tensor, iters: int, domain: str, eps: float = 1e-6, use_trito
 
 
 @pytest.mark.parametrize("domain", ["log", "prob"])
-@pytest.mark.parametrize("shape", [(3, 1, 1), (5, 3, 3), (2, 2, 4, 4), (6, 6), (9, 5, 5)])
+@pytest.mark.parametrize("shape", [(3, 1, 1), (4, 2, 2), (5, 3, 3), (2, 2, 4, 4), (6, 6), (9, 5, 5)])
 def test_triton_matches_oracle(domain, shape):
     check(logits(shape, seed=sum(shape)), 3, domain, route=f"sinkhorn.triton.{domain}.train")
 
@@ -68,11 +68,12 @@ def test_torch_backend_matches_oracle(domain):
     check(logits((3, 4, 4)), 3, domain, use_triton=False, route=f"sinkhorn.torch.{domain}.train")
 
 
-@pytest.mark.parametrize("iters", [5, 10])
+@pytest.mark.parametrize("n, iters", [(3, 5), (3, 20), (5, 10)])
 @pytest.mark.parametrize("domain", ["log", "prob"])
-def test_backward_replays_from_kept_scalings(domain, iters):
-    """iters = 5 and 10 keep the scalings of every 3rd / 4th step: replays start at several kept slots."""
-    check(logits((3, 3, 3), seed=iters, dtype=torch.float64), iters, domain, eps=1e-3)
+def test_backward_replays_from_kept_scalings(domain, n, iters):
+    """n <= 4 keeps the scalings of every ceil(iters / 8)-th step (iters = 5: every step, no replay; 20: every 3rd),
+    n = 5 every ceil(sqrt(iters))-th (10: every 4th): replays start at several kept slots."""
+    check(logits((3, n, n), seed=iters, dtype=torch.float64), iters, domain, eps=1e-3)
 
 
 def test_large_n_takes_the_torch_route():

@@ -40,7 +40,9 @@ class Plan:
 def plan(B: int, n: int, device: torch.device) -> Plan:
     """Pack as many matrices per program as fit ``TILE`` while keeping ``PROGRAMS_PER_SM`` programs per SM when
     the batch allows (so B = 32 and B = 1M both spread over the GPU), with ``ENTRIES_PER_THREAD`` entries of the
-    tile per thread (the row and column sums then stay within a few lanes of one warp). Under the interpreter
+    tile per thread. At NB <= 4 the kernels' row-by-row loads put whole matrices in one thread (one 4 x 4 matrix
+    per thread at n = 3, 4): row and column sums are additions in registers. At NB >= 8 a thread holds one row of
+    a matrix and the column sums cross the lanes of a warp. Under the interpreter
     (CPU), where programs run one after another and each operation costs the same at any tile size, pack as much
     as fits ``TILE``."""
     NB = triton.next_power_of_2(n)
@@ -52,6 +54,17 @@ def plan(B: int, n: int, device: torch.device) -> Plan:
         BM = min(cap, triton.next_power_of_2(max(B, 1)))
     tile = BM * NB * NB
     return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // (32 * ENTRIES_PER_THREAD))))
+
+
+def _stride(iters: int, nb: int) -> int:
+    """Steps between the scalings the backward keeps. Each reverse step selects its kept vector (a ``where`` over
+    all CP slots) and replays (stride - 1) / 2 steps on average. With a matrix per thread (NB <= 4) a slot costs
+    about 2 NB instructions and a step about 25 NB, so at most 8 slots (stride ceil(iters / 8): at iters = 20, 7
+    slots and one replayed step on average, against 4 slots and two with ceil(sqrt(iters))). At NB >= 8,
+    ceil(sqrt(iters))."""
+    if nb <= 4:
+        return triton.cdiv(iters, 8)
+    return math.isqrt(iters - 1) + 1
 
 
 def _checked(x: torch.Tensor) -> tuple[int, int]:
@@ -68,8 +81,8 @@ def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, pr
     f64 = x.dtype == torch.float64
     common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
     backward = log_kernel is kernels.log_backward_kernel
-    if backward:  # the scalings of every STRIDE-th step are kept, STRIDE = ceil(sqrt(iters))
-        stride = math.isqrt(iters - 1) + 1
+    if backward:  # the scalings of every STRIDE-th step are kept in CP slots
+        stride = _stride(iters, p.NB)
         common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
     steps = (iters, stride) if backward else (iters,)
     if domain == "log":

@@ -1,16 +1,19 @@
 """Triton kernels of the Sinkhorn family (``@triton.jit`` code only; the host side is in ``triton_ops``).
 
 One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n rounded up to a power of two; padded
-rows, columns and matrices are masked). Nothing per iteration goes to global memory: the forward reads ``x`` once
+rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row and joined (``_load``), which
+gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
+shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
 and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
-scaling vectors of every ceil(sqrt(iters))-th step in registers (O(n sqrt(iters)) per matrix), replays each step
-from the nearest kept one (about 2.5 iters steps in all), and writes the input gradient once. Blocks that run the
-log loop replay each step from ``x`` (iters^2 / 2 steps).
+scaling vectors of every STRIDE-th step in registers (CP slots per vector; ``triton_ops._stride``), replays each
+step from the nearest kept one (about 2 to 2.5 iters steps in all), and writes the input gradient once. Blocks
+that run the log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
-log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (divisions only) with output ``r_i K_ij c_j``:
-``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX`` in ``L`` (so
-``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself (``use_log``).
+log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (reciprocals only, ``_rcp``) with output
+``r_i K_ij c_j``: ``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX``
+in ``L`` (so ``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself
+(``use_log``).
 
 Probability domain: ``p0 = softmax(x) + eps`` (n^2 exponentials, once); every later step is a diagonal scaling
 ``p = r_i p0_ij c_j``, so iterations are matrix-vector sums and divisions.
@@ -33,20 +36,68 @@ def _safe(d):
 
 
 @triton.jit
+def _rcp(d):
+    """``1 / d`` for ``d >= 0``. float32: ``rsqrt(d 2^24)^2 2^24``, four instructions (MUFU.RSQ, which flushes
+    subnormal inputs, hence the exact scaling by 2^24: every d from the smallest subnormal to 2^104 is in range;
+    relative error at most about 3.8e-7: twice rsqrt.approx's 2^-22.9 and two roundings) where ``1.0 / d``
+    compiles to an eight-instruction sequence (range tests and scalings around MUFU.RCP) that was half of every
+    iteration. float64 divides."""
+    if d.dtype == tl.float64:
+        q = 1.0 / d
+    else:
+        q = tl.rsqrt(d * 16777216.0)
+        q = q * q * 16777216.0
+    return q
+
+
+@triton.jit
 def _tile(pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
-    """Offsets of the program's (BM, NB, NB) tile and its masks: entries, rows (BM, NB, 1), columns (BM, 1, NB)."""
+    """Masks of the program's (BM, NB, NB) tile: entries, rows (BM, NB, 1), columns (BM, 1, NB)."""
     b = pid * BM + tl.arange(0, BM)[:, None, None]
     i = tl.arange(0, NB)[None, :, None]
     j = tl.arange(0, NB)[None, None, :]
     rows = (b < B) & (i < N)
     cols = (b < B) & (j < N)
-    offs = b.to(tl.int64) * (N * N) + i * N + j
-    return offs, rows & cols, rows, cols
+    return rows & cols, rows, cols
 
 
 @triton.jit
-def _load(ptr, offs, valid, F64: tl.constexpr):
-    v = tl.load(ptr + offs, mask=valid, other=0.0)
+def _row(ptr, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Pointers and mask of row ``i`` of the program's matrices, (BM, NB): NB contiguous entries per matrix (the
+    mask is constant along a row at N = NB, so that the row is one vector access)."""
+    b = pid * BM + tl.arange(0, BM)[:, None]
+    j = tl.arange(0, NB)[None, :]
+    mask = b < B
+    if N < NB:
+        mask = mask & (j < N) & (i < N)
+    return ptr + b.to(tl.int64) * (N * N) + i * N + j, mask
+
+
+@triton.jit
+def _load_row(ptr, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    p, m = _row(ptr, pid, B, i, N, NB, BM)
+    return tl.load(p, mask=m, other=0.0)
+
+
+@triton.jit
+def _load(ptr, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr):
+    """The program's (BM, NB, NB) tile of ``ptr`` in the compute dtype (0 off the tile). At NB <= 4 the rows are
+    loaded one by one (a vector load per row and matrix) and joined, so that the tile's layout holds each matrix
+    in one thread: row and column sums are then additions in registers, without shuffles."""
+    if NB == 1:
+        v = tl.reshape(_load_row(ptr, pid, B, 0, N, NB, BM), (BM, 1, 1))
+    elif NB == 2:
+        v = tl.permute(tl.join(_load_row(ptr, pid, B, 0, N, NB, BM), _load_row(ptr, pid, B, 1, N, NB, BM)),
+                       (0, 2, 1))
+    elif NB == 4:  # (BM, j, k, l) holds row 2k + l
+        v = tl.join(tl.join(_load_row(ptr, pid, B, 0, N, NB, BM), _load_row(ptr, pid, B, 2, N, NB, BM)),
+                    tl.join(_load_row(ptr, pid, B, 1, N, NB, BM), _load_row(ptr, pid, B, 3, N, NB, BM)))
+        v = tl.reshape(tl.permute(v, (0, 2, 3, 1)), (BM, NB, NB))
+    else:
+        b = pid * BM + tl.arange(0, BM)[:, None, None]
+        i = tl.arange(0, NB)[None, :, None]
+        j = tl.arange(0, NB)[None, None, :]
+        v = tl.load(ptr + b.to(tl.int64) * (N * N) + i * N + j, mask=(b < B) & (i < N) & (j < N), other=0.0)
     if F64:
         v = v.to(tl.float64)
     else:
@@ -55,11 +106,42 @@ def _load(ptr, offs, valid, F64: tl.constexpr):
 
 
 @triton.jit
-def _load_logits(x_ptr, offs, valid, F64: tl.constexpr):
+def _store_row(ptr, v, pid, B, i: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    p, m = _row(ptr, pid, B, i, N, NB, BM)
+    tl.store(p, v.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _store(ptr, v, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Stores the (BM, NB, NB) tile ``v`` on the tile of ``ptr``, row by row at NB <= 4 (inverse of ``_load``)."""
+    if NB == 1:
+        _store_row(ptr, tl.reshape(v, (BM, 1)), pid, B, 0, N, NB, BM)
+    elif NB == 2:
+        v0, v1 = tl.split(tl.permute(v, (0, 2, 1)))
+        _store_row(ptr, v0, pid, B, 0, N, NB, BM)
+        _store_row(ptr, v1, pid, B, 1, N, NB, BM)
+    elif NB == 4:
+        even, odd = tl.split(tl.permute(tl.reshape(v, (BM, 2, 2, NB)), (0, 3, 1, 2)))
+        v0, v2 = tl.split(even)
+        v1, v3 = tl.split(odd)
+        _store_row(ptr, v0, pid, B, 0, N, NB, BM)
+        _store_row(ptr, v1, pid, B, 1, N, NB, BM)
+        _store_row(ptr, v2, pid, B, 2, N, NB, BM)
+        _store_row(ptr, v3, pid, B, 3, N, NB, BM)
+    else:
+        b = pid * BM + tl.arange(0, BM)[:, None, None]
+        i = tl.arange(0, NB)[None, :, None]
+        j = tl.arange(0, NB)[None, None, :]
+        tl.store(ptr + b.to(tl.int64) * (N * N) + i * N + j, v.to(ptr.dtype.element_ty),
+                 mask=(b < B) & (i < N) & (j < N))
+
+
+@triton.jit
+def _load_logits(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr):
     """``x`` with NaN and +inf entries replaced by 0, and ``bad`` (BM, 1, 1): the matrices that held one. Their
     outputs and gradients are stored as NaN (the value check of device mode, on chip); the replacement keeps
     them from steering the block's shared choices (the log loop or the scaling form) for the other matrices."""
-    x = _load(x_ptr, offs, valid, F64)
+    x = _load(x_ptr, pid, B, N, NB, BM, F64)
     bad_entry = valid & ((x < float("inf")) == 0)
     bad = tl.max(tl.max(bad_entry.to(tl.int32), axis=2), axis=1)[:, None, None] > 0
     return tl.where(bad_entry, 0.0, x), bad
@@ -90,12 +172,13 @@ def _norm(W, F, valid, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
+def _log_prepare(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr,
+                 RMAX: tl.constexpr):
     """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
     ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
     (0 where flagged), the gradient mask ``not x < -1e5``, whether this block must run the log-domain loop (a
     flag, or some row of ``L`` spanning more than ``RMAX``) and the matrices holding NaN or +inf."""
-    x, bad = _load_logits(x_ptr, offs, valid, F64)
+    x, bad = _load_logits(x_ptr, pid, B, valid, N, NB, BM, F64)
     clamped = valid & (x < CLAMP)
     m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
     flat = m == float("-inf")
@@ -111,14 +194,16 @@ def _log_prepare(x_ptr, offs, valid, F64: tl.constexpr, RMAX: tl.constexpr):
 
 @triton.jit
 def _scale_rows(K, c, rows):
-    """``r = 1 / (K c)`` on valid rows (0 elsewhere)."""
-    return tl.where(rows, 1.0 / _safe(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
+    """``r = 1 / (K c)`` on valid rows (0 elsewhere). A valid row's sum is positive (its largest entry of ``K`` is
+    1 and ``c > 0``), so only the rows off the tile divide by 0, and the mask drops them."""
+    return tl.where(rows, _rcp(tl.sum(K * c, axis=2)[:, :, None]), 0.0)
 
 
 @triton.jit
 def _scale_cols(K, r, cols):
-    """``c = 1 / (K^T r)`` on valid columns (0 elsewhere)."""
-    return tl.where(cols, 1.0 / _safe(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
+    """``c = 1 / (K^T r)`` on valid columns (0 elsewhere; a valid column's sum is positive: ``K >= exp(-RMAX)``
+    and ``r > 0`` on valid rows)."""
+    return tl.where(cols, _rcp(tl.sum(K * r, axis=1)[:, None, :]), 0.0)
 
 
 @triton.jit
@@ -150,10 +235,10 @@ def _log_replay(L, F, K, k, use_log, valid, rows, cols):
 def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                        F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
     S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
-    tl.store(out_ptr + offs, tl.where(bad, float("nan"), Q).to(out_ptr.dtype.element_ty), mask=valid)
+    _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
 
 
 @triton.jit
@@ -163,9 +248,9 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
     ``c`` of every STRIDE-th step (CP slots, O(n * iters / STRIDE) per matrix, in registers); step k is replayed
     from the nearest kept one (< STRIDE steps). Log loop (wide blocks): step k is replayed from ``x``."""
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
-    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, offs, valid, F64, RMAX)
-    Wb = _load(grad_ptr, offs, valid, F64)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
+    L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
+    Wb = _load(grad_ptr, pid, B, N, NB, BM, F64)
     if use_log:
         for t in range(0, ITERS):
             S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
@@ -175,11 +260,14 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
     else:
         slots = tl.arange(0, CP)[None, :, None]
         c = tl.where(cols, 1.0, 0.0).to(K.dtype)
+        r = tl.where(rows, 1.0, 0.0).to(K.dtype)
         kept = c + 0.0 * slots
-        for t in range(0, ITERS):
-            if t % STRIDE == 0:
-                kept = tl.where(slots == t // STRIDE, c, kept)
-            c = _scale_cols(K, _scale_rows(K, c, rows), cols)
+        for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
+            kept = tl.where(slots == g, c, kept)
+            for _ in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
+                r = _scale_rows(K, c, rows)
+                c = _scale_cols(K, r, cols)
+        Wb = Wb * (K * r * c)  # the output's own factor (step ITERS): w_bar = out_bar * out
         for t in range(0, ITERS):
             k = ITERS - t
             j = (k - 1) // STRIDE
@@ -190,22 +278,22 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
             S = K * r * c
             c = _scale_cols(K, r, cols)
             Q = K * r * c
-            Wb = Wb * tl.where(t == 0, Q, 1.0)
             Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
             Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
     gx = tl.where(bad, float("nan"), tl.where(keep, Wb, 0.0))
-    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
+    _store(gx_ptr, gx, pid, B, N, NB, BM)
 
 
 @triton.jit
-def _prob_prepare(x_ptr, offs, valid, eps, F64: tl.constexpr):
+def _prob_prepare(x_ptr, pid, B, valid, eps, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                  F64: tl.constexpr):
     """``s = softmax(x, last dim)`` (an all -inf row gives 1/n), ``p0 = s + eps`` (0 off the tile), the all -inf
     rows and the matrices holding NaN or +inf."""
-    x, bad = _load_logits(x_ptr, offs, valid, F64)
+    x, bad = _load_logits(x_ptr, pid, B, valid, N, NB, BM, F64)
     m = tl.max(tl.where(valid, x, float("-inf")), axis=2)[:, :, None]
     z = tl.where(m == float("-inf"), 0.0, x - tl.where(m == float("-inf"), 0.0, m))
     e = tl.where(valid, tl.exp(z), 0.0)
-    s = e / tl.where(valid, tl.sum(e, axis=2)[:, :, None], 1.0)
+    s = e * _rcp(tl.where(valid, tl.sum(e, axis=2)[:, :, None], 1.0))
     return s, tl.where(valid, s + eps, 0.0), m == float("-inf"), bad
 
 
@@ -215,23 +303,23 @@ def _prob_step(p0, r, c, idx, eps):
     1, where the softmax already normalised the rows: denominators 1), then the column division; returns the new
     scalings and both denominators."""
     dr = tl.where(idx > 1, _safe(r * tl.sum(p0 * c, axis=2)[:, :, None] + eps), 1.0)
-    r = r / dr
+    r = r * _rcp(dr)
     dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
-    return r, c / dc, dr, dc
+    return r, c * _rcp(dc), dr, dc
 
 
 @triton.jit
 def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                         F64: tl.constexpr):
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     for t in range(0, ITERS):
         r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    tl.store(out_ptr + offs, tl.where(bad, float("nan"), r * p0 * c).to(out_ptr.dtype.element_ty), mask=valid)
+    _store(out_ptr, tl.where(bad, float("nan"), r * p0 * c), pid, B, N, NB, BM)
 
 
 @triton.jit
@@ -240,21 +328,21 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
     """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
     STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
     pid = tl.program_id(0)
-    offs, valid, rows, cols = _tile(pid, B, N, NB, BM)
+    valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
-    s, p0, flat, bad = _prob_prepare(x_ptr, offs, valid, eps, F64)
+    s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     slots_r = tl.arange(0, CP)[None, None, :]
     slots_c = tl.arange(0, CP)[None, :, None]
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     kept_r = r + 0.0 * slots_r
     kept_c = c + 0.0 * slots_c
-    for t in range(0, ITERS):
-        if t % STRIDE == 0:
-            kept_r = tl.where(slots_r == t // STRIDE, r, kept_r)
-            kept_c = tl.where(slots_c == t // STRIDE, c, kept_c)
-        r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    Pb = _load(grad_ptr, offs, valid, F64)
+    for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
+        kept_r = tl.where(slots_r == g, r, kept_r)
+        kept_c = tl.where(slots_c == g, c, kept_c)
+        for t in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
+            r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
+    Pb = _load(grad_ptr, pid, B, N, NB, BM, F64)
     for t in range(0, ITERS):
         k = ITERS - t
         j = (k - 1) // STRIDE
@@ -264,8 +352,8 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: 
             r, c, dr, dc = _prob_step(p0, r, c, i + 1, eps)
         cprev = c
         r, c, dr, dc = _prob_step(p0, r, c, k, eps)
-        Pb = tl.where(valid, (Pb - tl.sum(Pb * (r * p0 * c), axis=1)[:, None, :]) / dc, 0.0)
-        Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) / dr
+        Pb = tl.where(valid, (Pb - tl.sum(Pb * (r * p0 * c), axis=1)[:, None, :]) * _rcp(dc), 0.0)
+        Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) * _rcp(dr)
     gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
     gx = tl.where(bad, float("nan"), tl.where(flat, 0.0, gx))
-    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=valid)
+    _store(gx_ptr, gx, pid, B, N, NB, BM)
