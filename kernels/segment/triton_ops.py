@@ -128,15 +128,15 @@ def _unit_stride(csr: Tensor, ids: Optional[Tensor]) -> tuple[Tensor, Optional[T
     return csr.contiguous(), None if ids is None else ids.contiguous()
 
 
-def _chunks(csr: Tensor, S: int, max_chunks: int, chunk: int) -> tuple[Tensor, Tensor]:
+def _chunks(csr: Tensor, S: int, grid_chunks: int, chunk: int) -> tuple[Tensor, Tensor]:
     """On the device, no host sync: ``first`` (S+1,) int32, segment s's first chunk (``first[S]``: the number of
-    chunks; a segment has max(1, ceil(len / chunk)) chunks), and ``chunk_seg`` (max_chunks,) int32, the segment of
-    each chunk (S past the last chunk)."""
-    counts = torch.div(csr.diff() + (chunk - 1), chunk, rounding_mode="floor").clamp_(min=1)
+    chunks; a segment has max(1, ceil(len / chunk)) chunks), and ``chunk_seg`` (grid_chunks,) int32, the segment of
+    each chunk the grid covers (S past the last real chunk)."""
+    counts = csr.diff().add_(chunk - 1).div_(chunk, rounding_mode="floor").clamp_(min=1)  # one buffer of S
     first = alloc.empty((S + 1,), dtype=torch.int32, device=csr.device)
     first[0] = 0
     torch.cumsum(counts, 0, dtype=torch.int32, out=first[1:])
-    chunk_ids = torch.arange(max_chunks, dtype=torch.int32, device=csr.device)
+    chunk_ids = torch.arange(grid_chunks, dtype=torch.int32, device=csr.device)
     return first, torch.searchsorted(first[1:], chunk_ids, right=True, out_int32=True)
 
 
@@ -157,12 +157,13 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
     code = REDUCE_CODE[reduce]
     p = plan(N, D, S, device.type == "cpu")
     max_chunks, column_blocks = p.max_chunks(N, S), p.column_blocks(D)
-    first, chunk_seg = _chunks(csr, S, max_chunks, p.chunk)
+    programs = triton.cdiv(max_chunks, p.groups)
+    first, chunk_seg = _chunks(csr, S, programs * p.groups, p.chunk)
     split = not one_block(N, D)  # some segment may span chunks: partials and the combine pass
     part_v = alloc.empty((max_chunks, D) if split else (0,), dtype=acc_torch, device=device)
     part_i = alloc.empty((max_chunks, D) if split and code >= 2 else (0,), dtype=torch.int32, device=device)
     empty_value = torch.full((1,), empty, dtype=x2.dtype, device=device)
-    segment_chunk_kernel[(triton.cdiv(max_chunks, p.groups), column_blocks)](
+    segment_chunk_kernel[(programs, column_blocks)](
         x2, csr, first, chunk_seg, empty_value, out, arg, part_v, part_i, D, S, x2.stride(0), x2.stride(1),
         R=p.chunk, G=p.groups, L=p.lanes, BD=p.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=4)
     if split:

@@ -119,41 +119,39 @@ def segment_chunk_kernel(
 ):
     """Program (p, q) reduces chunks p G .. p G + G - 1 over column block q. A chunk of a one-chunk segment writes
     the output (and arg; ``empty`` and -1 for an empty segment); a chunk of a longer segment writes its raw
-    partial to workspace row c. Programs past the last chunk (the grid is a static upper bound) do nothing."""
-    total = tl.load(first_ptr + S)
-    if tl.program_id(0) * G < total:
-        cols = tl.program_id(1) * BD + tl.arange(0, BD)
-        cmask = cols < D
-        cols64 = cols.to(tl.int64)
-        lane = tl.arange(0, G * L)
-        c = tl.program_id(0) * G + lane // L
-        live = c < total
-        s = tl.load(chunk_seg_ptr + c, mask=live, other=0)
-        lo = tl.load(offsets_ptr + s, mask=live, other=0).to(tl.int32)
-        lo += (c - tl.load(first_ptr + s, mask=live, other=0)) * R
-        hi = tl.minimum(tl.load(offsets_ptr + s + 1, mask=live, other=0).to(tl.int32), lo + R)
-        v, i = _reduce_lanes(x_ptr, x_ptr, lo + lane % L, hi, cols64, cmask, stride_xn, stride_xd,
-                             G, L, BD, REDUCE, ACC, False)
-        # the same descriptors per chunk (G of them) for the stores
-        cg = tl.program_id(0) * G + tl.arange(0, G)
-        live_g = cg < total
-        sg = tl.load(chunk_seg_ptr + cg, mask=live_g, other=0)
-        chunks = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg, mask=live_g, other=0)
-        length = (tl.load(offsets_ptr + sg + 1, mask=live_g, other=0)
-                  - tl.load(offsets_ptr + sg, mask=live_g, other=0)).to(tl.int32)
-        alone = (live_g & (chunks == 1))[:, None] & cmask[None, :]
-        hollow = (length == 0)[:, None]
-        value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE).to(out_ptr.dtype.element_ty)
-        value = tl.where(hollow, tl.load(empty_ptr), value)
-        out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
-        tl.store(out_ptr + out_at, value, mask=alone)
-        if STORE_ARG:
-            tl.store(arg_ptr + out_at, tl.where(hollow, -1, i), mask=alone)
-        split = (live_g & (chunks > 1))[:, None] & cmask[None, :]
-        part_at = cg.to(tl.int64)[:, None] * D + cols64[None, :]
-        tl.store(part_v_ptr + part_at, v, mask=split)
-        if REDUCE >= 2:
-            tl.store(part_i_ptr + part_at, i, mask=split)
+    partial to workspace row c. ``chunk_seg`` covers the whole grid: S past the last chunk (the grid is a static
+    upper bound), where programs find no rows and store nothing."""
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    cols64 = cols.to(tl.int64)
+    lane = tl.arange(0, G * L)
+    c = tl.program_id(0) * G + lane // L
+    s = tl.load(chunk_seg_ptr + c)
+    live = s < S
+    lo = tl.load(offsets_ptr + s).to(tl.int32) + (c - tl.load(first_ptr + s)) * R
+    lo = tl.where(live, lo, 0)
+    hi = lo + tl.minimum(tl.load(offsets_ptr + s + 1, mask=live, other=0).to(tl.int32) - lo, R)  # no overflow
+    v, i = _reduce_lanes(x_ptr, x_ptr, lo + lane % L, hi, cols64, cmask, stride_xn, stride_xd,
+                         G, L, BD, REDUCE, ACC, False)
+    # the same descriptors per chunk (G of them) for the stores
+    cg = tl.program_id(0) * G + tl.arange(0, G)
+    sg = tl.load(chunk_seg_ptr + cg)
+    live_g = sg < S
+    chunks = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg)
+    length = (tl.load(offsets_ptr + sg + 1, mask=live_g, other=0) - tl.load(offsets_ptr + sg)).to(tl.int32)
+    alone = (live_g & (chunks == 1))[:, None] & cmask[None, :]
+    hollow = (length == 0)[:, None]
+    value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE).to(out_ptr.dtype.element_ty)
+    value = tl.where(hollow, tl.load(empty_ptr), value)
+    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(out_ptr + out_at, value, mask=alone)
+    if STORE_ARG:
+        tl.store(arg_ptr + out_at, tl.where(hollow, -1, i), mask=alone)
+    split = (live_g & (chunks > 1))[:, None] & cmask[None, :]
+    part_at = cg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(part_v_ptr + part_at, v, mask=split)
+    if REDUCE >= 2:
+        tl.store(part_i_ptr + part_at, i, mask=split)
 
 
 @triton.jit
