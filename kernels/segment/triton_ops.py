@@ -34,6 +34,7 @@ from torch import Tensor
 from provable_kernels import alloc
 from provable_kernels.segment.triton_segment import (
     segment_backward_kernel,
+    segment_chunk_count_kernel,
     segment_chunk_kernel,
     segment_combine_kernel,
 )
@@ -45,6 +46,7 @@ MAX_CHUNK = 4096  # the longest chunk: 16 steps of the widest lane count (TILE /
 TARGET_PROGRAMS = 4096  # chunks of rows wanted (per column block): enough to fill a GPU with one long segment
 BACKWARD_BLOCKS = 4096  # the backward's row tiles are sized as if for this many row blocks
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when the backward's rows find their segment
+COUNT_SEGMENTS = 1024  # segments per program of the chunk count
 INTERPRETED_LANES = 8  # the interpreter's plan: lanes x groups of a tile
 INTERPRETED_TILE_ROWS = MIN_ROWS // 2  # the interpreter's backward tile: two tiles per smallest row block
 REDUCE_CODE = {"sum": 0, "mean": 1, "max": 2, "min": 3}
@@ -131,11 +133,12 @@ def _unit_stride(csr: Tensor, ids: Optional[Tensor]) -> tuple[Tensor, Optional[T
 def _chunks(csr: Tensor, S: int, grid_chunks: int, chunk: int) -> tuple[Tensor, Tensor]:
     """On the device, no host sync: ``first`` (S+1,) int32, segment s's first chunk (``first[S]``: the number of
     chunks; a segment has max(1, ceil(len / chunk)) chunks), and ``chunk_seg`` (grid_chunks,) int32, the segment of
-    each chunk the grid covers (S past the last real chunk)."""
-    counts = csr.diff().add_(chunk - 1).div_(chunk, rounding_mode="floor").clamp_(min=1)  # one buffer of S
+    each chunk the grid covers (S past the last real chunk). One counting kernel, an in-place cumsum, a
+    searchsorted."""
     first = alloc.empty((S + 1,), dtype=torch.int32, device=csr.device)
-    first[0] = 0
-    torch.cumsum(counts, 0, dtype=torch.int32, out=first[1:])
+    segment_chunk_count_kernel[(triton.cdiv(S + 1, COUNT_SEGMENTS),)](csr, first, S, R=chunk, BS=COUNT_SEGMENTS,
+                                                                      num_warps=4)
+    first.cumsum_(0)
     chunk_ids = torch.arange(grid_chunks, dtype=torch.int32, device=csr.device)
     return first, torch.searchsorted(first[1:], chunk_ids, right=True, out_int32=True)
 

@@ -111,6 +111,18 @@ def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stri
 
 
 @triton.jit
+def segment_chunk_count_kernel(offsets_ptr, first_ptr, S, R: tl.constexpr, BS: tl.constexpr):
+    """``first[k]`` = the chunk count of segment k - 1 (max(1, ceil(len / R)); 0 for k = 0): an inclusive cumsum
+    of it (done by the host side) is the first chunk of every segment. One pass over the offsets."""
+    k = tl.program_id(0) * BS + tl.arange(0, BS)
+    m = (k >= 1) & (k <= S)
+    lo = tl.load(offsets_ptr + k - 1, mask=m, other=0)
+    hi = tl.load(offsets_ptr + k, mask=m, other=0)
+    count = tl.where(m, tl.maximum((hi - lo + (R - 1)) // R, 1), 0)
+    tl.store(first_ptr + k, count.to(tl.int32), mask=k <= S)
+
+
+@triton.jit
 def segment_chunk_kernel(
     x_ptr, offsets_ptr, first_ptr, chunk_seg_ptr, empty_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr,
     D, S, stride_xn, stride_xd,
