@@ -14,7 +14,7 @@ from provable_kernels.segment import oracle, segment_max_backward, segment_min_b
 from provable_kernels.segment.autograd import segment_backward, segment_forward
 
 REPO = Path(__file__).resolve().parent.parent
-LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: N > 16 rows per block
+LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: segments over 16-row chunks
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
