@@ -107,10 +107,8 @@ def backward_tile(N: int, D: int, interpreted: bool = False) -> tuple[int, int]:
     """(rows, columns) of the backward's tile: TILE elements, fewer rows for small N (as if N were cut into
     BACKWARD_BLOCKS blocks of at least MIN_ROWS rows); INTERPRETED_TILE_ROWS rows under the interpreter."""
     block_d = _block_d(D)
-    if interpreted:
-        return INTERPRETED_TILE_ROWS, block_d
-    rows = max(triton.next_power_of_2(triton.cdiv(max(N, 1), BACKWARD_BLOCKS)), MIN_ROWS)
-    return min(TILE // block_d, rows), block_d
+    rows = min(TILE // block_d, max(triton.next_power_of_2(triton.cdiv(max(N, 1), BACKWARD_BLOCKS)), MIN_ROWS))
+    return (INTERPRETED_TILE_ROWS if interpreted else rows), block_d
 
 
 def _acc(dtype: torch.dtype) -> tuple[torch.dtype, object]:
