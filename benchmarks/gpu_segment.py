@@ -35,7 +35,7 @@ from benchmarks.common import (Deadline, Timer, bar_chart, environment, measure_
 from provable_kernels.dispatch import recording  # noqa: E402
 from provable_kernels.segment import (TREE, oracle, segment_max_backward, segment_min_backward,  # noqa: E402
                                       segment_reduce)
-from provable_kernels.segment.triton_ops import plan  # noqa: E402
+from provable_kernels.segment.triton_ops import chunk_rows  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -48,7 +48,7 @@ TARGETS = {("4M,64,65536", "fwd"): 0.8, ("1M,256,1024", "fwd"): 0.8, ("16M,16,1M
 
 def small_problem(regime: str, dtype: torch.dtype, device, seed: int):
     """x (N, 3) integer-valued (ties) with a NaN and infinities, and CSR offsets with empty segments. one_block:
-    N <= the plan's rows; blocked: a segment spanning several row blocks."""
+    N <= the plan's chunk rows; blocked: segments spanning several chunks."""
     g = torch.Generator().manual_seed(seed)
     lengths = [3, 0, 5, 4] if regime == "one_block" else [3, 0, 150, 0, 1, 17, 0, 90, 39]
     N = sum(lengths)
@@ -56,7 +56,7 @@ def small_problem(regime: str, dtype: torch.dtype, device, seed: int):
     if regime == "blocked":
         x[40, 1], x[41, 1], x[100, 2], x[200, 0] = float("nan"), float("nan"), float("inf"), float("-inf")
     offsets = torch.tensor([0] + lengths).cumsum(0)
-    assert N <= plan(N, 3).rows if regime == "one_block" else N > 4 * plan(N, 3).rows
+    assert N <= chunk_rows(N, 3) if regime == "one_block" else N > 4 * chunk_rows(N, 3)
     return x.to(dtype).to(device), offsets.to(device)
 
 

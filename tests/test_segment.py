@@ -14,7 +14,7 @@ from provable_kernels.segment import oracle, segment_max_backward, segment_min_b
 from provable_kernels.segment.autograd import segment_backward, segment_forward
 
 REPO = Path(__file__).resolve().parent.parent
-LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: N > 16 rows per block
+LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: segments over 16-row chunks
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
@@ -58,6 +58,33 @@ def test_triton_matches_oracle(reduce, form, regime):
     torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds, -2.5), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream), rtol=1e-6,
                                atol=1e-6)
+
+
+CHUNKED = {  # lengths that take the chunk plan's other shapes under the interpreter (16-row chunks, 8-row tiles)
+    "one long segment: 7 chunks, 8 combine lanes": [100],
+    "many short segments: 4 lanes x 2 chunks per program": [3, 0, 4, 2, 5, 1, 0, 3, 6, 2],
+    "mixed: 5 chunks, 2 combine lanes over several steps": [40, 0, 3, 70, 1],
+}
+
+
+@pytest.mark.parametrize("lengths", list(CHUNKED.values()), ids=list(CHUNKED))
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_chunk_plans_match_oracle(reduce, lengths):
+    """Segments cut into several chunks (ties across chunks, a NaN only in a later chunk of one column) against
+    the oracle, both index forms bitwise equal, repeatable, and the same with poisoned allocations."""
+    x, offsets, ids = problem(lengths, D=2, integers=True, seed=11)
+    x[offsets[1] - 1, 1] = float("nan")  # the last row of segment 0: a later chunk when it has several
+    upstream = torch.randn(len(lengths), 2, generator=torch.Generator().manual_seed(4))
+    value, grad, _ = run(x, reduce, upstream, offsets=offsets.to(torch.int32), empty=-2.5)
+    bounds = offsets.tolist()
+    torch.testing.assert_close(value.double(), oracle.segment_reduce(x, reduce, bounds, -2.5), rtol=1e-6,
+                               atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(grad.double(), oracle.segment_grad(x, reduce, bounds, upstream), rtol=1e-6,
+                               atol=1e-6, equal_nan=True)
+    with poisoned():
+        again, grad_again, _ = run(x, reduce, upstream, ids=ids, num_segments=len(lengths), empty=-2.5)
+    assert torch.equal(again.nan_to_num(7.0), value.nan_to_num(7.0))
+    assert torch.equal(grad_again.nan_to_num(7.0), grad.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])

@@ -9,9 +9,10 @@ to its segment and the first NaN is the arg. float32, float64, bfloat16 and floa
 (float64 for float64). The standalone adjoints ``segment_max_backward(grad_output, x, *, offsets=None,
 ids=None)`` and ``segment_min_backward`` recompute the arg and are bitwise equal to the autograd path.
 
-The Triton kernels cut the rows into equal row blocks whatever the segment lengths (a segmented scan per tile;
-segments spanning blocks are finished by a combine pass in row order), so many short segments and one segment
-of millions of rows both fill the GPU; no atomics, bitwise repeatable. Value checks (sortedness, ranges) are one
+The Triton forward cuts segments into chunks of at most R rows (R from the row count alone) and reduces each chunk
+in registers, several short chunks per program; chunks of a segment longer than R are combined in chunk order by
+a second pass, so many short segments and one segment of millions of rows both fill the GPU; no atomics,
+bitwise repeatable. Value checks (sortedness, ranges) are one
 batch of device reductions: on CPU tensors a failed check raises the named error (one host read); on CUDA
 nothing is read on the host, a bad index is swapped for a valid one and the outputs are NaN when a check failed. The
 ids form without ``num_segments`` reads S from the device (a host sync).

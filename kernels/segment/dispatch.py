@@ -2,8 +2,8 @@
 
 Conventions are in :mod:`provable_kernels.segment.call`. The tree asks, in order: which entry point (``reduce``:
 segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction; for
-Triton, whether a gradient is wanted, then for inference the shape regime (one row block, or row blocks with a
-combine pass for segments that span blocks) and for training the index form (offsets or ids). The PyTorch
+Triton, whether a gradient is wanted, then for inference the shape regime (every segment fits one chunk: one pass;
+or chunks with a combine pass for segments that span several) and for training the index form (offsets or ids). The PyTorch
 backend runs the same code with or without a gradient, and both index forms through CSR offsets.
 """
 from __future__ import annotations
@@ -58,9 +58,9 @@ def ask_index(call: SegmentCall) -> str:
 
 
 def ask_rows(call: SegmentCall) -> str:
-    """``one_block`` when every row fits one row block of the Triton plan (N <= plan(N, D).rows: one pass, no
-    workspace), else ``blocked`` (row blocks; segments spanning blocks are finished by a combine pass that reads
-    their pieces in row order)."""
+    """``one_block`` when every row fits one chunk of the Triton plan (N <= chunk_rows(N, D): every segment is one
+    chunk, one pass, no workspace), else ``blocked`` (segments longer than a chunk are cut into chunks whose
+    partials a combine pass reduces in chunk order)."""
     return "one_block" if triton_ops.one_block(call.rows, call.columns) else "blocked"
 
 
@@ -85,7 +85,8 @@ def _x2(call: SegmentCall) -> torch.Tensor:
 
 
 def triton_infer(call: SegmentCall) -> torch.Tensor:
-    """Triton forward kernel (row blocks, segmented scan per tile), no arg saved, no autograd graph."""
+    """Triton forward kernel (segments cut into chunks, register accumulation per chunk), no arg saved, no autograd
+    graph."""
     call = require_call(call, "reduce")
     out, _ = segment_forward(_x2(call), call.csr, call.ids, call.reduce, call.empty, False)
     return _shape(call, out)
@@ -121,8 +122,9 @@ def torch_adjoint(call: SegmentCall) -> torch.Tensor:
 
 
 def _triton_reduce_subtree() -> Branch:
-    """Inference branches on the shape regime (the forward is the whole cost; the regime decides the passes);
-    training branches on the index form (the backward kernel looks rows' segments up by form)."""
+    """Inference branches on the shape regime (the forward is the whole cost; the regime decides the passes: the
+    forward reads CSR offsets in both index forms); training branches on the index form (the backward kernel looks
+    rows' segments up by form)."""
     def grads(reduce: str) -> Branch:
         return Branch(GRAD, {
             "infer": Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.infer.{rows}", triton_infer)

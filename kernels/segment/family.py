@@ -18,7 +18,7 @@ import provable_kernels.segment as package
 from provable_kernels.segment import oracle, torch_ops, triton_ops
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.segment.triton_segment import segment_combine_kernel, segment_fill_kernel
+from provable_kernels.segment.triton_segment import segment_chunk_kernel, segment_combine_kernel
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
@@ -33,7 +33,7 @@ TOLERANCES = {
     torch.float16: Tolerance(atol=2e-3, rtol=2e-3),  # 2**-11 relative
 }
 EMPTY = -1.5  # the value of empty segments in every case (exact in every dtype)
-ONE_BLOCK_MAX = triton_ops.MIN_ROWS  # a problem of at most this many rows is one row block
+ONE_BLOCK_MAX = triton_ops.MIN_ROWS  # the chunk length of small problems: at most this many rows is one chunk
 # the index form each route without an index branch is verified with (both forms are reached across routes)
 FORMS = {"one_block": "ids", "blocked": "offsets", "sum": "offsets", "mean": "ids", "max": "ids", "min": "offsets"}
 
@@ -53,7 +53,7 @@ class CaseShape:
         return sum(self.lengths)
 
 
-SIZES = {  # (one row block, several row blocks with segments spanning them)
+SIZES = {  # (one chunk, segments spanning several chunks)
     "small": ((3, 0, 5, 4), (3, 0, 25, 0, 1, 17, 0)),
     "tiny": ((2, 0, 3), (3, 0, 14, 0, 4)),
 }
@@ -69,20 +69,20 @@ def _reduce(where: dict[str, str]) -> str:
 
 
 def _regime(where: dict[str, str]) -> str:
-    """one_block only for the routes that ask for it; every other route runs several row blocks."""
+    """one_block only for the routes that ask for it; every other route runs segments of several chunks."""
     return where.get("rows", "blocked")
 
 
 def fit(route_id: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
     """``lengths`` adjusted to the route's shape regime: trimmed to at most ONE_BLOCK_MAX rows for one_block
-    routes, extended by a segment that spans row blocks otherwise."""
+    routes, extended by a segment that spans two chunks otherwise."""
     if _regime(_where(route_id)) == "one_block":
         out, room = [], ONE_BLOCK_MAX
         for n in lengths:
             out.append(min(n, room))
             room -= out[-1]
         return tuple(out)
-    return tuple(lengths) + (ONE_BLOCK_MAX + 1,)  # 17 consecutive rows cross a block boundary
+    return tuple(lengths) + (ONE_BLOCK_MAX + 1,)  # 17 rows: two chunks, the second of one row
 
 
 def make_case_for(route_id: str, shape: CaseShape, dtype: torch.dtype, device: torch.device,
@@ -265,7 +265,8 @@ def check_ties(route_id: str, shape: CaseShape, device: torch.device, dtype: tor
 
 def check_nan_propagates(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype) -> None:
     """A NaN row makes its segment's output NaN (that column); for max / min the first NaN gets the gradient, also
-    when the segment holds two NaNs in different row blocks."""
+    when the segment holds two NaNs in different chunks (even seeds) or a NaN only in its later chunk (odd
+    seeds)."""
     case = _case(route_id, shape, device, dtype)
     x = case.kwargs["x"].detach().clone()
     if x.shape[0] == 0:
@@ -273,8 +274,8 @@ def check_nan_propagates(route_id: str, shape: CaseShape, device: torch.device, 
     gen = torch.Generator().manual_seed(shape.seed + 2)
     rows = torch.randint(0, x.shape[0], (2,), generator=gen).tolist()
     last = case.extra["shape"].lengths[-1]
-    if last > 1:  # two NaNs in one segment, in two row blocks when it spans them (fit): the first is the arg
-        rows += [x.shape[0] - last, x.shape[0] - 1]
+    if last > 1:  # the last segment spans two chunks (fit): NaN in both (the first is the arg) or the later one
+        rows += [x.shape[0] - 1] if shape.seed % 2 else [x.shape[0] - last, x.shape[0] - 1]
     x[rows] = float("nan")
     x = x.requires_grad_(case.kwargs["x"].requires_grad)
     case = case.with_kwargs(case.description + f"; NaN rows {rows}", x=x)
@@ -367,19 +368,20 @@ _expect_reference = cases.matches_reference(
     lambda c: TOLERANCES[c.kwargs["x"].dtype])
 
 
-# rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY empty segments in
-# one tile take three windows; placed at row ONE_BLOCK_MAX - 1, the last row of a tile in both plans (16-row tiles
-# on a GPU, 8-row tiles under the interpreter), every boundary of the windows equals that row
+# the backward's rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY
+# empty segments in one tile take three windows; placed at row ONE_BLOCK_MAX - 1, the last row of a backward tile
+# in both plans (16-row tiles on a GPU, 8-row tiles under the interpreter), every boundary of the windows equals
+# that row. In the forward they are MANY empty chunks sharing programs with the non-empty ones.
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
-# row blocks hold ONE_BLOCK_MAX rows under the interpreter and at these sizes on a GPU: segment 0 ends one row
-# before the first edge, segment 1 one row before the second, segment 2 crosses it, an empty segment, segment 4
-# ends on an edge, segment 5 starts on the next edge and ends inside that block, and segment 6 spans three blocks
-# (the combine pass and every tile carry see ties)
-EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, 2, 0, ONE_BLOCK_MAX - 1, 2, 2 * ONE_BLOCK_MAX + 5)
+# chunks hold ONE_BLOCK_MAX rows at these sizes (every device): segments of one row less than a chunk, exactly one
+# chunk, one row more (a one-row second chunk), empty, exactly two chunks, short, and three chunks (the combine pass
+# reads two partials per lane, two steps); integer data: ties inside chunks, across chunks and across lanes. The
+# backward's 16-row tiles (8 under the interpreter) see segments ending one row before, on and after their edges.
+EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, ONE_BLOCK_MAX + 1, 0, 2 * ONE_BLOCK_MAX, 2, 2 * ONE_BLOCK_MAX + 5)
 SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
                         "segment.triton.*_backward")
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
-                  "segment.triton.*_backward")  # N = 0 is one row block
+                  "segment.triton.*_backward")  # N = 0 is one chunk
 ADVERSARIAL = (
     Adversarial("empty segments at both ends and inside", ("segment.*",),
                 lambda c: _with_lengths((0, 0) + c.extra["shape"].lengths + (0,), "empty segments")(c),
@@ -394,8 +396,8 @@ ADVERSARIAL = (
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
     Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
-    Adversarial(f"segments ending one row before, on and after {ONE_BLOCK_MAX}-row block edges, one starting on "
-                f"an edge, one over three blocks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
+    Adversarial(f"segments of one row less than, exactly, one row more than one and two {ONE_BLOCK_MAX}-row "
+                f"chunks, an empty one, one over three chunks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
                 lambda c: _with_trailing((3,), "D = 3")(_with_lengths(EDGES, f"lengths {EDGES}")(c)),
                 expect=_expect_reference),
     Adversarial("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
@@ -518,7 +520,7 @@ FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, 
                 "reference check (first occurrence of a tie gets the gradient); adjoints bitwise vs autograd",
                 checks=("reference", "exact", "properties"), routes=("segment.*.train.*", "segment.*_backward")),
     FailureMode("out of memory", "segment/reduce-triton.md#dispatch-conditions", "guide/segment.md#backends",
-                "one (S, D) output and per-block partials; no (N, S) intermediate"),
+                "one (S, D) output and per-chunk partials (S + N / chunk rows); no (N, S) intermediate"),
     FailureMode("backend mismatch", "segment/reduce-triton.md#verification", "segment/reduce-torch.md#routes",
                 "reference check: both backends against the same float64 oracle", checks=("reference", "exact")),
     FailureMode("wrong route taken", "segment/index.md#dispatch-conditions", "segment/index.md#decision-tree",
@@ -545,10 +547,10 @@ FAMILY = Family(
               "form; offsets not from 0 to N or decreasing; ids unsorted or out of range raise ValueError / "
               "TypeError naming the argument (value checks: one batch; on CUDA no host read: a bad index swapped "
               "for a valid one, outputs NaN when a check failed).", make_call),
-        Guard("Empty segments are written with `empty` by a separate pass (mean never divides by zero), and "
-              "receive no gradient: no row belongs to them.", segment_fill_kernel.fn),
-        Guard("Segments spanning row blocks are combined in row order from per-block pieces: no atomics, bitwise "
-              "repeatable.", segment_combine_kernel.fn),
+        Guard("Empty segments are one empty chunk each, written with `empty` by the chunk kernel (mean never divides "
+              "by zero), and receive no gradient: no row belongs to them.", segment_chunk_kernel.fn),
+        Guard("Segments longer than a chunk are combined in chunk order from per-chunk partials (max / min: ties to "
+              "the lowest row): no atomics, bitwise repeatable.", segment_combine_kernel.fn),
         Guard("The PyTorch backend's max / min gathers x at the first-occurrence arg, so autograd's gradient goes to "
               "exactly one row per (segment, column).", torch_ops.first_arg),
     ),
@@ -559,7 +561,7 @@ FAMILY = Family(
         "gradient (the gradients sum to a multiple of the upstream). This family gives the whole gradient to the "
         "first occurrence for either sign (test_peer_defect_torch_segment_reduce_tie_gradient).",
         "Peer issue (torch.segment_reduce): one thread per (segment, column), so one long segment runs serially "
-        "(thousands of times off the copy floor at 16M rows); this family splits rows into equal blocks.",
+        "(thousands of times off the copy floor at 16M rows); this family cuts long segments into chunks.",
         "The ids form without num_segments reads S = ids[-1] + 1 from the device: a host sync per call (and an "
         "error under torch.compile or graph capture); with offsets, or ids and num_segments, CUDA calls need none.",
         "The Triton kernels index rows and segments with int32: N or S of 2**31 or more runs the PyTorch backend.",

@@ -1,23 +1,23 @@
 """Triton kernels of the segment reductions (``@triton.jit`` code only; host side in ``triton_ops``).
 
-Layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D). Rows are cut into
-blocks of ``ROWS`` consecutive rows, one program per (row block, column block), so every program reads the same
-number of elements whatever the segment lengths. A program walks its block in tiles of (BN rows, BD columns):
+Forward layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D). Each segment is
+cut into chunks of at most ``R`` consecutive rows (an empty segment is one empty chunk), listed in segment order:
+``first[s]`` is segment s's first chunk (an exclusive cumsum, ``first[S]`` the number of chunks) and
+``chunk_seg[c]`` the segment of chunk c, both built on the device by ``triton_ops``. :func:`segment_chunk_kernel`
+runs one program per (G chunks, column block): its tile has G x L lanes of BD columns, L lanes per chunk, and lane
+l of a chunk reads rows l, l + L, l + 2 L, ... of it, accumulating in registers (no scan, no segment search).
+At the end the L lanes of each chunk are reduced (:func:`_reduce_lanes`). A segment of one chunk writes its output
+directly (``empty`` for an empty one); the chunks of a longer segment write raw partials (value, arg) to a
+workspace row per chunk, and :func:`segment_combine_kernel` reduces them with the same lane code, one group of
+lanes per segment: a fixed order, no atomics, bitwise repeatable.
 
-- each row's segment id comes from ``ids`` (IDS) or from the CSR ``offsets`` (:func:`row_segments`);
-- a segmented inclusive scan along the rows (``tl.associative_scan`` on (segment, value[, row])) reduces every
-  segment inside the tile; the running value of the segment still open at the end of a tile is carried into the
-  next one;
-- at the last row of a segment the result is stored: into the output when the segment started inside the block,
-  else into slot 0 ("head") of the block's two workspace slots; a segment still open at the end of the block
-  goes to slot 1 ("tail", it started in the block) or slot 0 (it covers the whole block).
+Max and min run as a max of ``SIGN * x`` (negation is exact). Every lane keeps the value and the row of its first
+maximum: a later row replaces it only when strictly greater or the first NaN (NaN ranks above every number). The
+lanes of a chunk (and the partials of a segment) are merged by value with ties to the lowest row, so the arg is
+the first occurrence whatever the lane or chunk split. REDUCE: 0 sum, 1 mean, 2 max, 3 min. Sums accumulate in ACC
+(float32, or float64 for float64 input).
 
-A segment spanning several blocks is finished by :func:`segment_combine_kernel`, which reads its pieces in row
-order (tail of its first block, heads of the next ones) tile by tile: a fixed order, no atomics. Empty segments
-are written by :func:`segment_fill_kernel`. Max and min run as a max of ``SIGN * x`` (negation is exact) with the
-row of the first occurrence as the arg; NaN ranks above every number, so the first NaN wins.
-
-REDUCE: 0 sum, 1 mean, 2 max, 3 min. Sums accumulate in ACC (float32, or float64 for float64 input).
+Backward: one program per tile of rows finds each row's segment (:func:`row_segments`) and writes grad_x.
 """
 from __future__ import annotations
 
@@ -55,29 +55,6 @@ def _beats(va, vb):
 
 
 @triton.jit
-def _scan_sum(sa, va, sb, vb):
-    return sb, tl.where(sa == sb, va + vb, vb)
-
-
-@triton.jit
-def _scan_max(sa, va, ia, sb, vb, ib):
-    keep = (sa == sb) & ~((vb > va) | ((vb != vb) & (va == va)))  # _beats inlined (called per element)
-    return sb, tl.where(keep, va, vb), tl.where(keep, ia, ib)
-
-
-@triton.jit
-def _tile_max(v, i, mask):
-    """(value, first row) of the maximum of each column of a (P, BD) tile, NaN first; rows ``i`` increase."""
-    isnan = (v != v) & mask
-    has_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
-    finite_part = tl.where(isnan | ~mask, float("-inf"), v)
-    m = tl.max(finite_part, axis=0)
-    match = mask & tl.where(has_nan[None, :], isnan, finite_part == m[None, :])
-    first = tl.min(tl.where(match, i, BIG), axis=0)
-    return tl.where(has_nan, float("nan"), m), first
-
-
-@triton.jit
 def _finish(v, count, REDUCE: tl.constexpr):
     """Turn a reduced value (sum, or max of SIGN * x) into the output value."""
     if REDUCE == 1:
@@ -88,140 +65,136 @@ def _finish(v, count, REDUCE: tl.constexpr):
 
 
 @triton.jit
-def segment_forward_kernel(
-    x_ptr, ids_ptr, offsets_ptr, block_seg_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr,
-    N, D, S, stride_xn, stride_xd,
-    ROWS: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
-    IDS: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
+def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stride_c,
+                  G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
+                  PARTIALS: tl.constexpr):
+    """Reduce runs of source rows: lane k (of G x L) reads rows ``start[k]``, ``start[k] + L``, ... below
+    ``stop[k]`` (columns ``cols64``), then the L lanes of each group are merged: ``(value (G, BD), arg (G, BD))``.
+    Sums: the value (arg unused). Max: the max of ``SIGN * x`` (NaN first) and the lowest row holding it (BIG for a
+    group without rows). PARTIALS: the rows are workspace partials (raw value, arg), else rows of x (arg = row)."""
+    steps = tl.max((stop - start + (L - 1)) // L, axis=0)
+    acc_v = tl.zeros([G * L, BD], ACC)
+    acc_i = tl.full([G * L, BD], BIG, tl.int32)
+    if REDUCE >= 2:
+        acc_v = tl.full([G * L, BD], float("-inf"), ACC)
+    for t in range(0, steps):
+        rows = start + t * L
+        m2 = (rows < stop)[:, None] & cmask[None, :]
+        at = rows.to(tl.int64)[:, None] * stride_r + cols64[None, :] * stride_c
+        x = tl.load(src_ptr + at, mask=m2, other=0.0).to(ACC)
+        if REDUCE >= 2:
+            if PARTIALS:
+                i = tl.load(src_i_ptr + at, mask=m2, other=BIG)
+            else:
+                if REDUCE == 3:
+                    x = -x
+                i = tl.broadcast_to(rows[:, None], [G * L, BD])
+            take = m2 & (_beats(acc_v, x) | (acc_i == BIG))
+            acc_v = tl.where(take, x, acc_v)
+            acc_i = tl.where(take, i, acc_i)
+        else:
+            acc_v += x
+    v3 = tl.reshape(acc_v, [G, L, BD])
+    if REDUCE >= 2:
+        i3 = tl.reshape(acc_i, [G, L, BD])
+        isnan = v3 != v3
+        has_nan = tl.max(isnan.to(tl.int32), axis=1) > 0
+        finite = tl.where(isnan, float("-inf"), v3)
+        best = tl.max(finite, axis=1)
+        match = (i3 < BIG) & tl.where(has_nan[:, None, :], isnan, finite == best[:, None, :])
+        value = tl.where(has_nan, float("nan"), best)
+        first = tl.min(tl.where(match, i3, BIG), axis=1)
+    else:
+        value = tl.sum(v3, axis=1)
+        first = tl.zeros([G, BD], tl.int32)
+    return value, first
+
+
+@triton.jit
+def segment_chunk_count_kernel(offsets_ptr, first_ptr, S, R: tl.constexpr, BS: tl.constexpr):
+    """``first[k]`` = the chunk count of segment k - 1 (max(1, ceil(len / R)); 0 for k = 0): an inclusive cumsum
+    of it (done by the host side) is the first chunk of every segment. One pass over the offsets."""
+    k = tl.program_id(0) * BS + tl.arange(0, BS)
+    m = (k >= 1) & (k <= S)
+    lo = tl.load(offsets_ptr + k - 1, mask=m, other=0)
+    hi = tl.load(offsets_ptr + k, mask=m, other=0)
+    count = tl.where(m, tl.maximum((hi - lo + (R - 1)) // R, 1), 0)
+    tl.store(first_ptr + k, count.to(tl.int32), mask=k <= S)
+
+
+@triton.jit
+def segment_chunk_kernel(
+    x_ptr, offsets_ptr, first_ptr, chunk_seg_ptr, empty_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr,
+    D, S, stride_xn, stride_xd,
+    R: tl.constexpr, G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr,
+    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    """Program (p, q) reduces chunks p G .. p G + G - 1 over column block q. A chunk of a one-chunk segment writes
+    the output (and arg; ``empty`` and -1 for an empty segment); a chunk of a longer segment writes its raw
+    partial to workspace row c. ``chunk_seg`` covers the whole grid: S past the last chunk (the grid is a static
+    upper bound), where programs find no rows and store nothing."""
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
-    row_start = b * ROWS
-    row_end = tl.minimum(row_start + ROWS, N)
-    seg0 = tl.load(block_seg_ptr + b).to(tl.int32)
-    head_open = tl.load(offsets_ptr + seg0).to(tl.int32) < row_start  # seg0 began in an earlier block
-    head_seg = tl.where(head_open, seg0, -1)  # the segment whose ending piece goes to slot 0, or none
-    base = seg0
-    carry_seg = seg0 * 0 - 1
-    carry_v = tl.zeros([BD], ACC)
-    carry_i = tl.zeros([BD], tl.int32)
-    for r0 in range(row_start, row_end, BN):
-        rows = r0 + tl.arange(0, BN)
-        rmask = rows < row_end
-        last_row = tl.minimum(r0 + BN, row_end) - 1
-        seg = row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS, BK)
-        seg = tl.where(rmask, seg, S)
-        m2 = rmask[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xn + cols64[None, :] * stride_xd, mask=m2,
-                    other=0.0).to(ACC)
-        seg2 = tl.broadcast_to(seg[:, None], [BN, BD])
-        cont = seg2 == carry_seg
-        if REDUCE >= 2:
-            if REDUCE == 3:
-                x = -x
-            idx2 = tl.broadcast_to(rows[:, None], [BN, BD])
-            _, v, i = tl.associative_scan((seg2, x, idx2), 0, _scan_max)
-            keep = cont & ~_beats(carry_v[None, :], v)
-            v = tl.where(keep, carry_v[None, :], v)
-            i = tl.where(keep, carry_i[None, :], i)
-        else:
-            _, v = tl.associative_scan((seg2, x), 0, _scan_sum)
-            v = tl.where(cont, carry_v[None, :] + v, v)
-        end = tl.load(offsets_ptr + seg + 1, mask=rmask, other=0).to(tl.int32)
-        is_last = rmask & (rows + 1 == end)
-        before = seg == head_seg
-        final = (is_last & ~before)[:, None] & cmask[None, :]
-        count = 1
-        if REDUCE == 1:
-            start = tl.load(offsets_ptr + seg, mask=rmask, other=0).to(tl.int32)
-            count = tl.maximum(end - start, 1).to(ACC)[:, None]
-        out_at = seg.to(tl.int64)[:, None] * D + cols64[None, :]
-        tl.store(out_ptr + out_at, _finish(v, count, REDUCE).to(out_ptr.dtype.element_ty), mask=final)
-        if STORE_ARG:
-            tl.store(arg_ptr + out_at, i, mask=final)
-        head = (is_last & before)[:, None] & cmask[None, :]
-        part_at = tl.broadcast_to((b * 2).to(tl.int64) * D + cols64[None, :], [BN, BD])
-        tl.store(part_v_ptr + part_at, v, mask=head)
-        if REDUCE >= 2:
-            tl.store(part_i_ptr + part_at, i, mask=head)
-        # carry the last valid row of the tile
-        sel = rows == last_row
-        carry_v = tl.sum(tl.where(sel[:, None], v, 0.0), axis=0)
-        if REDUCE >= 2:
-            carry_i = tl.max(tl.where(sel[:, None], i, -1), axis=0)
-        carry_seg = tl.max(tl.where(sel, seg, -1), axis=0)
-        base = carry_seg
-    # a segment still open at the end of the block leaves its piece in a slot
-    open_tail = tl.load(offsets_ptr + carry_seg + 1).to(tl.int32) > row_end
-    slot = tl.where(carry_seg == head_seg, 0, 1)
-    tail_at = (b * 2 + slot).to(tl.int64) * D + cols64
-    tail_mask = cols < tl.where(open_tail, D, 0)
-    tl.store(part_v_ptr + tail_at, carry_v, mask=tail_mask)
+    lane = tl.arange(0, G * L)
+    c = tl.program_id(0) * G + lane // L
+    s = tl.load(chunk_seg_ptr + c)
+    live = s < S
+    lo = tl.load(offsets_ptr + s).to(tl.int32) + (c - tl.load(first_ptr + s)) * R
+    lo = tl.where(live, lo, 0)
+    hi = lo + tl.minimum(tl.load(offsets_ptr + s + 1, mask=live, other=0).to(tl.int32) - lo, R)  # no overflow
+    v, i = _reduce_lanes(x_ptr, x_ptr, lo + lane % L, hi, cols64, cmask, stride_xn, stride_xd,
+                         G, L, BD, REDUCE, ACC, False)
+    # the same descriptors per chunk (G of them) for the stores
+    cg = tl.program_id(0) * G + tl.arange(0, G)
+    sg = tl.load(chunk_seg_ptr + cg)
+    live_g = sg < S
+    chunks = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg)
+    length = (tl.load(offsets_ptr + sg + 1, mask=live_g, other=0) - tl.load(offsets_ptr + sg)).to(tl.int32)
+    alone = (live_g & (chunks == 1))[:, None] & cmask[None, :]
+    hollow = (length == 0)[:, None]
+    value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE).to(out_ptr.dtype.element_ty)
+    value = tl.where(hollow, tl.load(empty_ptr), value)
+    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(out_ptr + out_at, value, mask=alone)
+    if STORE_ARG:
+        tl.store(arg_ptr + out_at, tl.where(hollow, -1, i), mask=alone)
+    split = (live_g & (chunks > 1))[:, None] & cmask[None, :]
+    part_at = cg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(part_v_ptr + part_at, v, mask=split)
     if REDUCE >= 2:
-        tl.store(part_i_ptr + tail_at, carry_i, mask=tail_mask)
+        tl.store(part_i_ptr + part_at, i, mask=split)
 
 
 @triton.jit
 def segment_combine_kernel(
-    offsets_ptr, block_seg_ptr, part_v_ptr, part_i_ptr, out_ptr, arg_ptr, D,
-    ROWS: tl.constexpr, BP: tl.constexpr, BD: tl.constexpr,
+    offsets_ptr, first_ptr, part_v_ptr, part_i_ptr, out_ptr, arg_ptr, D, S,
+    G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Program j finishes the segment that starts in row block j and continues past it, if there is one: its
-    pieces (slot 1 of block j, then slot 0 of each later block it covers) combined in row order."""
-    j = tl.program_id(0)
+    """Program (p, q) finishes segments p G .. p G + G - 1 that span several chunks: their partials (workspace
+    rows first[s] .. first[s + 1] - 1, in chunk order) are reduced by L lanes each, as the chunk kernel reduces
+    rows. One-chunk segments (already written) are skipped."""
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
-    s = tl.load(block_seg_ptr + j + 1).to(tl.int32)  # the segment holding the first row of block j + 1
-    start = tl.load(offsets_ptr + s).to(tl.int32)
-    if (start < (j + 1) * ROWS) & (start >= j * ROWS):
-        end = tl.load(offsets_ptr + s + 1).to(tl.int32)
-        pieces = (end - 1) // ROWS - j + 1
-        acc_v = tl.zeros([BD], ACC)
-        acc_i = tl.full([BD], BIG, tl.int32)
-        if REDUCE >= 2:
-            acc_v = tl.full([BD], float("-inf"), ACC)
-        for p0 in range(0, pieces, BP):
-            p = p0 + tl.arange(0, BP)
-            m2 = (p < pieces)[:, None] & cmask[None, :]
-            at = ((j + p) * 2 + tl.where(p == 0, 1, 0)).to(tl.int64)[:, None] * D + cols64[None, :]
-            v = tl.load(part_v_ptr + at, mask=m2, other=0.0)
-            if REDUCE >= 2:
-                i = tl.load(part_i_ptr + at, mask=m2, other=BIG)
-                tv, ti = _tile_max(v, i, m2)
-                take = _beats(acc_v, tv) | (acc_i == BIG)
-                acc_v = tl.where(take, tv, acc_v)
-                acc_i = tl.where(take, ti, acc_i)
-            else:
-                acc_v += tl.sum(v, axis=0)
-        count = tl.maximum(end - start, 1).to(ACC)
-        out_at = s.to(tl.int64) * D + cols64
-        tl.store(out_ptr + out_at, _finish(acc_v, count, REDUCE).to(out_ptr.dtype.element_ty), mask=cmask)
-        if STORE_ARG:
-            tl.store(arg_ptr + out_at, acc_i, mask=cmask)
-
-
-@triton.jit
-def segment_fill_kernel(offsets_ptr, empty_ptr, out_ptr, arg_ptr, S, D, BS: tl.constexpr, BD: tl.constexpr,
-                        STORE_ARG: tl.constexpr):
-    """Write ``empty[0]`` (and arg -1) into every column of each empty segment (the only outputs the other kernels
-    skip)."""
-    s = tl.program_id(0) * BS + tl.arange(0, BS)
-    smask = s < S
-    lo = tl.load(offsets_ptr + s, mask=smask, other=0)
-    hi = tl.load(offsets_ptr + s + 1, mask=smask, other=0)
-    hollow = smask & (lo == hi)
-    value = tl.zeros([BS, BD], out_ptr.dtype.element_ty) + tl.load(empty_ptr)
-    for d0 in range(0, D, BD):
-        cols = d0 + tl.arange(0, BD)
-        at = s.to(tl.int64)[:, None] * D + cols[None, :]
-        mask = hollow[:, None] & (cols < D)[None, :]
-        tl.store(out_ptr + at, value, mask=mask)
-        if STORE_ARG:
-            tl.store(arg_ptr + at, tl.full([BS, BD], -1, tl.int32), mask=mask)
+    s = tl.program_id(0) * G + tl.arange(0, G * L) // L
+    live = s < S
+    lo = tl.load(first_ptr + s, mask=live, other=0)
+    hi = tl.load(first_ptr + s + 1, mask=live, other=0)
+    hi = tl.where(hi - lo > 1, hi, lo)
+    v, i = _reduce_lanes(part_v_ptr, part_i_ptr, lo + tl.arange(0, G * L) % L, hi, cols64, cmask, D, 1,
+                         G, L, BD, REDUCE, ACC, True)
+    sg = tl.program_id(0) * G + tl.arange(0, G)
+    live_g = sg < S
+    split = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg, mask=live_g, other=0) > 1
+    length = tl.maximum(tl.load(offsets_ptr + sg + 1, mask=live_g, other=0)
+                        - tl.load(offsets_ptr + sg, mask=live_g, other=0), 1).to(ACC)
+    mask = split[:, None] & cmask[None, :]
+    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(out_ptr + out_at, _finish(v, length[:, None], REDUCE).to(out_ptr.dtype.element_ty), mask=mask)
+    if STORE_ARG:
+        tl.store(arg_ptr + out_at, i, mask=mask)
 
 
 @triton.jit
