@@ -23,6 +23,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from provable_kernels.validate import symbolic
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -30,8 +32,7 @@ def plain_eager(x: torch.Tensor) -> bool:
     """True for an eager call on a real tensor ``x``: not compiling, exporting or tracing (no torch dispatch mode
     such as fake or proxy tensors, no ``torch.func`` transform), and ``x`` a plain (not meta) tensor or
     parameter rather than a tensor subclass. Such a call may skip the custom-op dispatcher."""
-    return (not torch.compiler.is_compiling() and type(x) in _PLAIN and not x.is_meta
-            and _current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active())
+    return not symbolic(x) and type(x) in _PLAIN and _current_dispatch_mode() is None
 
 
 class Op:

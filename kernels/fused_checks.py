@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 import torch
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import FakeTensor
 
 from provable_kernels import alloc
 from provable_kernels.dispatch import triton_usable
+from provable_kernels.validate import symbolic
 
 MAX_FLOATS = 5
 BLOCK = 4096  # elements of each tensor per program
@@ -61,8 +61,8 @@ def value_checks_kernel(f0, f1, f2, f3, f4, n0, n1, n2, n3, n4, ints, n_ints, lo
 def usable(x: torch.Tensor) -> bool:
     """Whether :func:`check_values` can run on ``x``'s device now (module docstring). On the CPU the kernel must
     have been built under the interpreter (``TRITON_INTERPRET=1`` before this module was imported)."""
-    # verify: unreached (compile, meta/fake tensors, no Triton on the device: the per-check path; tests)
-    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor) or not triton_usable(x.device):
+    # verify: unreached (compile, meta/fake tensors, torch.func, no Triton on the device: per-check path; tests)
+    if symbolic(x) or not triton_usable(x.device):
         return False
     return x.is_cuda or not isinstance(value_checks_kernel, triton.runtime.JITFunction)
 

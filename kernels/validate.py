@@ -216,14 +216,19 @@ def value_checks(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
+def symbolic(x: torch.Tensor) -> bool:
+    """True when ``x`` has no values to read now: while compiling, under a ``torch.func`` transform, or for a meta
+    or fake tensor."""
+    return (torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor)
+            or torch._C._are_functorch_transforms_active())
+
+
 def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
     """Whether value checks on ``x`` are read on the host now (host mode of :class:`DataChecks`), decided from
     the state at call time: never while compiling, capturing a CUDA graph, under ``torch.func`` transforms or for
     meta/fake tensors; otherwise always ``at_sync_point`` (the caller syncs anyway), else per
     :func:`value_checks`."""
-    if torch.compiler.is_compiling() or x.is_meta or isinstance(x, FakeTensor):  # verify: unreached (compile, meta)
-        return False
-    if torch._C._are_functorch_transforms_active():  # verify: unreached (torch.func transforms; tests)
+    if symbolic(x):  # verify: unreached (compile, meta/fake tensors, torch.func transforms; tests)
         return False
     if x.is_cuda and torch.cuda.is_current_stream_capturing():  # verify: unreached (CUDA-graph capture; GPU script)
         return False
