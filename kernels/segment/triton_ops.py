@@ -10,7 +10,8 @@ Forward plan (:func:`plan`, from the shapes only, so no host sync): segments are
 ``chunk`` rows (a power of two from the row count alone, so that about ``TARGET_PROGRAMS`` chunks of rows exist
 whatever the segment lengths: one 16M-row segment fills the GPU like many short ones). The chunk list is built
 on the device (:func:`_chunks`: chunks per segment, an exclusive cumsum, a ``searchsorted``): no host sync; the
-grid is the static bound S + ceil(N / chunk) chunks. A tile of ``TILE`` elements has ``block_d`` columns and
+grid is the static bound S + ceil(N / chunk) chunks. A tile of ``TILE`` elements (``EXTREME_TILE`` for max and
+min, which hold a value and an arg per element) has ``block_d`` columns and
 ``lanes x groups`` rows: ``lanes`` per chunk (the average segment length, a power of two), ``groups`` chunks per
 program, so short segments share a program and long ones read ``lanes`` rows per step. The combine pass reads
 partials the same way (``combine_lanes`` per segment: the average number of chunks per segment). With N <= chunk
@@ -40,6 +41,8 @@ from provable_kernels.segment.triton_segment import (
 )
 
 TILE = 4096  # elements of one (rows, columns) tile
+EXTREME_TILE = 1024  # max / min forward tile: value, arg and x in registers; 4096 held 144 registers and ran
+#   1.4-2.1x slower on an H100 (benchmarks/NOTES-segment.md)
 MAX_BLOCK_D = 128
 MIN_ROWS = 16  # the shortest chunk (and the backward's shortest tile)
 MAX_CHUNK = 4096  # the longest chunk: 16 steps of the widest lane count (TILE // 16 lanes at D <= 16)
@@ -85,12 +88,13 @@ def chunk_rows(N: int, D: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(N: int, D: int, S: int, interpreted: bool = False) -> Plan:
-    """The :class:`Plan` for N rows of D columns in S segments (memoised: host overhead per call).
-    ``interpreted`` (CPU tensors, the Triton interpreter): the same chunks, tiles of INTERPRETED_LANES rows."""
+def plan(N: int, D: int, S: int, extreme: bool = False, interpreted: bool = False) -> Plan:
+    """The :class:`Plan` for N rows of D columns in S segments (memoised: host overhead per call). ``extreme``
+    (max / min): tiles of EXTREME_TILE elements, else TILE. ``interpreted`` (CPU tensors, the Triton
+    interpreter): the same chunks, tiles of INTERPRETED_LANES rows."""
     block_d = _block_d(D)
     chunk = chunk_rows(N, D)
-    tile_rows = INTERPRETED_LANES if interpreted else TILE // block_d
+    tile_rows = INTERPRETED_LANES if interpreted else (EXTREME_TILE if extreme else TILE) // block_d
     lanes = min(triton.next_power_of_2(max(triton.cdiv(N, max(S, 1)), 1)), tile_rows, chunk)
     combine_lanes = min(triton.next_power_of_2(max(triton.cdiv(N, chunk * max(S, 1)), 1)), tile_rows)
     return Plan(chunk, lanes, tile_rows // lanes, combine_lanes, tile_rows // combine_lanes, block_d)
@@ -156,7 +160,7 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
         return out, arg
     acc_torch, acc = _acc(x2.dtype)
     code = REDUCE_CODE[reduce]
-    p = plan(N, D, S, device.type == "cpu")
+    p = plan(N, D, S, code >= 2, device.type == "cpu")
     max_chunks, column_blocks = p.max_chunks(N, S), p.column_blocks(D)
     programs = triton.cdiv(max_chunks, p.groups)
     first, chunk_seg = _chunks(csr, S, programs * p.groups, p.chunk)

@@ -55,6 +55,19 @@ def _beats(va, vb):
 
 
 @triton.jit
+def _first_max(va, ia, vb, ib):
+    """Combine of (value, arg) pairs: the later pair (b) wins when a holds no row (arg BIG), or when b holds a row
+    and ranks higher (NaN above every number, then the larger value, then on equal values the lower arg). A total
+    order, so any reduction order gives the same pair."""
+    a_nan = va != va
+    b_nan = vb != vb
+    tie = (va == vb) | (a_nan & b_nan)
+    higher = (b_nan & ~a_nan) | (vb > va) | (tie & (ib < ia))
+    b_wins = (ia == BIG) | ((ib < BIG) & higher)
+    return tl.where(b_wins, vb, va), tl.where(b_wins, ib, ia)
+
+
+@triton.jit
 def _finish(v, count, REDUCE: tl.constexpr):
     """Turn a reduced value (sum, or max of SIGN * x) into the output value."""
     if REDUCE == 1:
@@ -96,14 +109,7 @@ def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stri
             acc_v += x
     v3 = tl.reshape(acc_v, [G, L, BD])
     if REDUCE >= 2:
-        i3 = tl.reshape(acc_i, [G, L, BD])
-        isnan = v3 != v3
-        has_nan = tl.max(isnan.to(tl.int32), axis=1) > 0
-        finite = tl.where(isnan, float("-inf"), v3)
-        best = tl.max(finite, axis=1)
-        match = (i3 < BIG) & tl.where(has_nan[:, None, :], isnan, finite == best[:, None, :])
-        value = tl.where(has_nan, float("nan"), best)
-        first = tl.min(tl.where(match, i3, BIG), axis=1)
+        value, first = tl.reduce((v3, tl.reshape(acc_i, [G, L, BD])), 1, _first_max)
     else:
         value = tl.sum(v3, axis=1)
         first = tl.zeros([G, BD], tl.int32)
