@@ -62,7 +62,8 @@ def test_triton_matches_oracle(reduce, form, regime):
 
 CHUNKED = {  # lengths that take the chunk plan's other shapes under the interpreter (16-row chunks, 8-row tiles)
     "one long segment: 7 chunks, 8 combine lanes": [100],
-    "many short segments: 4 lanes x 2 chunks per program": [3, 0, 4, 2, 5, 1, 0, 3, 6, 2],
+    "very short segments: 1 lane x 8 chunks per program": [3, 0, 4, 2, 5, 1, 0, 3, 6, 2],
+    "short segments: 4 (sum) or 2 (max) lanes x 2 or 4 chunks per program": [13, 0, 16, 20, 15, 9, 0, 22, 17, 16],
     "mixed: 5 chunks, 2 combine lanes over several steps": [40, 0, 3, 70, 1],
 }
 

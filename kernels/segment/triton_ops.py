@@ -10,10 +10,11 @@ Forward plan (:func:`plan`, from the shapes only, so no host sync): segments are
 ``chunk`` rows (a power of two from the row count alone, so that about ``TARGET_PROGRAMS`` chunks of rows exist
 whatever the segment lengths: one 16M-row segment fills the GPU like many short ones). The chunk list is built
 on the device (:func:`_chunks`: chunks per segment, an exclusive cumsum, a ``searchsorted``): no host sync; the
-grid is the static bound S + ceil(N / chunk) chunks. A tile of ``TILE`` elements (``EXTREME_TILE`` for max and
-min, which hold a value and an arg per element) has ``block_d`` columns and
-``lanes x groups`` rows: ``lanes`` per chunk (the average segment length, a power of two), ``groups`` chunks per
-program, so short segments share a program and long ones read ``lanes`` rows per step. The combine pass reads
+grid is the static bound S + ceil(N / chunk) chunks. A tile of ``CHUNK_TILE`` elements has ``block_d`` columns
+and ``lanes x groups`` rows: ``lanes`` per chunk (the average segment length over ``ROWS_PER_LANE``, a power of
+two: each lane reduces a few rows of a chunk, so short chunks do not leave lanes idle), ``groups`` chunks per
+program, so short segments share a program and long ones read ``lanes`` rows per step. Both constants were chosen
+by a sweep on an H100 (benchmarks/NOTES-segment.md). The combine pass reads
 partials the same way (``combine_lanes`` per segment: the average number of chunks per segment). With N <= chunk
 no segment spans chunks and the combine pass is not launched. Under the interpreter the tiles hold
 ``INTERPRETED_LANES`` rows, so that the small verification cases run every path large GPU problems take (several
@@ -40,12 +41,12 @@ from provable_kernels.segment.triton_segment import (
     segment_combine_kernel,
 )
 
-TILE = 4096  # elements of one (rows, columns) tile
-EXTREME_TILE = 1024  # max / min forward tile: value, arg and x in registers; 4096 held 144 registers and ran
-#   1.4-2.1x slower on an H100 (benchmarks/NOTES-segment.md)
+TILE = 4096  # elements of one (rows, columns) tile of the combine pass and of the backward
+CHUNK_TILE = 1024  # elements of the chunk kernel's tile (4096 held 144 registers for max: 1.4-2.1x slower)
+ROWS_PER_LANE = {False: 4, True: 8}  # chunk-kernel lanes = average segment length / this (sum and mean; max, min)
 MAX_BLOCK_D = 128
 MIN_ROWS = 16  # the shortest chunk (and the backward's shortest tile)
-MAX_CHUNK = 4096  # the longest chunk: 16 steps of the widest lane count (TILE // 16 lanes at D <= 16)
+MAX_CHUNK = 4096  # the longest chunk: 16 steps of the widest combine lane count (TILE // 16 at D <= 16)
 TARGET_PROGRAMS = 4096  # chunks of rows wanted (per column block): enough to fill a GPU with one long segment
 BACKWARD_BLOCKS = 4096  # the backward's row tiles are sized as if for this many row blocks
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when the backward's rows find their segment
@@ -89,15 +90,17 @@ def chunk_rows(N: int, D: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def plan(N: int, D: int, S: int, extreme: bool = False, interpreted: bool = False) -> Plan:
-    """The :class:`Plan` for N rows of D columns in S segments (memoised: host overhead per call). ``extreme``
-    (max / min): tiles of EXTREME_TILE elements, else TILE. ``interpreted`` (CPU tensors, the Triton
+    """The :class:`Plan` for N rows of D columns in S segments (memoised: host overhead per call); ``extreme``
+    for max / min (fewer lanes per chunk: see ``ROWS_PER_LANE``). ``interpreted`` (CPU tensors, the Triton
     interpreter): the same chunks, tiles of INTERPRETED_LANES rows."""
     block_d = _block_d(D)
     chunk = chunk_rows(N, D)
-    tile_rows = INTERPRETED_LANES if interpreted else (EXTREME_TILE if extreme else TILE) // block_d
-    lanes = min(triton.next_power_of_2(max(triton.cdiv(N, max(S, 1)), 1)), tile_rows, chunk)
-    combine_lanes = min(triton.next_power_of_2(max(triton.cdiv(N, chunk * max(S, 1)), 1)), tile_rows)
-    return Plan(chunk, lanes, tile_rows // lanes, combine_lanes, tile_rows // combine_lanes, block_d)
+    tile_rows = INTERPRETED_LANES if interpreted else CHUNK_TILE // block_d
+    combine_rows = INTERPRETED_LANES if interpreted else TILE // block_d
+    average = triton.next_power_of_2(max(triton.cdiv(N, max(S, 1)), 1))
+    lanes = max(1, min(average // ROWS_PER_LANE[extreme], tile_rows, chunk))
+    combine_lanes = min(triton.next_power_of_2(max(triton.cdiv(N, chunk * max(S, 1)), 1)), combine_rows)
+    return Plan(chunk, lanes, tile_rows // lanes, combine_lanes, combine_rows // combine_lanes, block_d)
 
 
 def one_block(N: int, D: int) -> bool:
