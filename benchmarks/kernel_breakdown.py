@@ -5,7 +5,8 @@ call's wall time (run by the lead on an H100 / H200).
 
 For each family's headline shapes (float32), the public call (forward, and forward+backward where the family
 trains) runs a few times to warm up, then ``REPS`` times under ``torch.profiler``; the table lists each kernel's
-mean device time per call, their sum, the call's mean wall time (synchronised) and the copy-bandwidth floor. The
+mean device time per call, their sum, the call's mean wall time (synchronised) and the copy-bandwidth floor
+(the bytes of each family's benchmark adapter; none for the launch-bound semi-CRF shape). The
 gap between wall time and the kernels' sum is host time that the GPU waited on (validation, dispatch, launches).
 Writes ``DIR/kernel_breakdown.json``.
 """
@@ -22,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.adapters.segment import segment_lengths  # noqa: E402
+from benchmarks.adapters.segment import floor as segment_floor, segment_lengths  # noqa: E402
 from benchmarks.common import Timer, environment, measure_floors, write_json  # noqa: E402
 
 REPS = 20
@@ -36,15 +37,15 @@ def _segment_cases(device):
         offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         x = torch.randn(N, D, device=device)
         for reduce in ("sum", "max"):
-            fwd_bytes = (N + S) * D * 4
-            yield (f"segment N={N} D={D} S={S} {reduce} fwd", fwd_bytes,
+            config = {"N": N, "D": D, "S": S, "reduce": reduce, "dtype": "float32"}
+            yield (f"segment N={N} D={D} S={S} {reduce} fwd", segment_floor(config, "forward")[0],
                    lambda x=x, o=offsets, r=reduce: segment_reduce(x, r, offsets=o))
             xg = x.detach().requires_grad_()
 
             def both(xg=xg, o=offsets, r=reduce):
                 y = segment_reduce(xg, r, offsets=o)
                 torch.autograd.grad(y, xg, torch.ones_like(y))
-            yield f"segment N={N} D={D} S={S} {reduce} fwd+bwd", 2 * fwd_bytes + N * D * 4, both
+            yield f"segment N={N} D={D} S={S} {reduce} fwd+bwd", segment_floor(config, "both")[0], both
 
 
 def _sinkhorn_cases(device):
@@ -72,7 +73,7 @@ def _semicrf_cases(device):
     trans = torch.randn(C, C, device=device, generator=g)
     dur = torch.randn(K, C, device=device, generator=g)
     lengths = torch.full((B,), T, device=device)
-    yield (f"semicrf B={B} T={T} K={K} C={C} fwd", cum.numel() * 4,
+    yield (f"semicrf B={B} T={T} K={K} C={C} fwd", None,  # launch-bound: no copy floor
            lambda: semi_crf_streaming_forward(cum, trans, dur, lengths, K))
 
 
@@ -120,10 +121,10 @@ def main(argv=None) -> int:
     for family in args.family:
         for name, nbytes, fn in CASES[family](device):
             r = breakdown(fn)
-            r.update(case=name, floor_us=nbytes / copy * 1e6)
+            r.update(case=name, floor_us=None if nbytes is None else nbytes / copy * 1e6)
             results.append(r)
-            print(f"{name}: wall {r['wall_us']:.1f} us, kernels {r['kernels_us']:.1f} us, floor {r['floor_us']:.1f} us",
-                  flush=True)
+            floor = "" if nbytes is None else f", floor {r['floor_us']:.1f} us"
+            print(f"{name}: wall {r['wall_us']:.1f} us, kernels {r['kernels_us']:.1f} us{floor}", flush=True)
             for k in r["kernels"]:
                 print(f"    {k['us']:9.1f} us  x{k['launches']:.0f}  {k['kernel'][:110]}", flush=True)
             torch.cuda.empty_cache()
