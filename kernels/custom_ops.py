@@ -32,11 +32,12 @@ def plain_eager(x: torch.Tensor) -> bool:
     """True for an eager call on a real tensor ``x``: not compiling, exporting or tracing (no torch dispatch mode
     such as fake or proxy tensors, no ``torch.func`` transform), and ``x`` a plain (not meta) tensor or
     parameter rather than a tensor subclass. Such a call may skip the custom-op dispatcher."""
-    return not symbolic(x) and type(x) in _PLAIN and _current_dispatch_mode() is None
+    return type(x) in _PLAIN and not symbolic(x) and _current_dispatch_mode() is None
 
 
 class Op:
-    """A custom op ``name`` (namespace ``provable_kernels``) over ``impl``, callable as ``op(*args)``.
+    """A custom op ``name`` (namespace ``provable_kernels``) over ``impl``, callable as ``op(*args)`` (the first
+    argument a tensor).
 
     ``impl`` is the implementation (annotated as ``torch.library.custom_op`` requires; it returns a tensor, a
     tuple of tensors or a list of tensors). ``fake`` is its fake implementation. ``setup_context(ctx, inputs,
@@ -57,10 +58,9 @@ class Op:
             self.function = _function(name, impl, setup_context, backward, self.returns_list)
 
     def __call__(self, *args: Any) -> Any:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not plain_eager(tensors[0]):  # verify: unreached (compile, export, fake tensors, torch.func; tests)
+        if not plain_eager(args[0]):  # verify: unreached (compile, export, fake tensors, torch.func; tests)
             return self.custom_op(*args)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             if self.function is None:  # e.g. the semi-CRF Viterbi op under max.train: its outputs get no gradient
                 return self.custom_op(*args)  # torch's own error when its output is differentiated
             out = self.function.apply(*args)

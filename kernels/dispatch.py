@@ -141,8 +141,11 @@ class Tree:
         # torch.compile cannot trace a ContextVar; recordings observe eager calls
         if _compiling():  # verify: unreached (torch.compile: tests/test_semicrf_training.py, GPU script)
             return route.fn(call)
+        recordings = _RECORDINGS.get()
+        if not recordings:  # nothing to record (host time per call)
+            return route.fn(call)
         depth = _DEPTH.get()
-        for taken, opened, nested in _RECORDINGS.get():
+        for taken, opened, nested in recordings:
             if nested or depth == opened:
                 taken.append(route.id)
         token = _DEPTH.set(depth + 1)
@@ -185,7 +188,7 @@ def triton_usable(device: Any) -> bool:
     """Triton can run on ``device``: a CUDA device, or a CPU device under the Triton interpreter."""
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":  # verify: unreached (CUDA: the GPU records)
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if kind == "cuda":  # verify: unreached (CUDA: the GPU records)
         return True
-    return device.type == "cpu" and interpreter_enabled()
+    return kind == "cpu" and interpreter_enabled()

@@ -1,4 +1,4 @@
-"""-inf-safe reductions for Triton kernels (``@triton.jit`` helpers any family's kernels can call).
+"""-inf-safe reductions and value checks for Triton kernels (``@triton.jit`` helpers any family's kernels can call).
 
 Log-space kernels hold -inf for forbidden choices, and a slice can be all -inf. A naive logsumexp
 ``max + log(sum(exp(x - max)))`` then computes ``-inf - -inf = NaN``. Every helper here shifts by
@@ -47,3 +47,24 @@ def semiring_sum(x, axis: tl.constexpr, LOG: tl.constexpr):
     else:
         out = tl.max(x, axis)
     return out
+
+
+@triton.jit
+def nonfinite(x, ALLOW_NEG_INF: tl.constexpr):
+    """Elementwise: ``x`` is NaN or +inf (or -inf unless ``ALLOW_NEG_INF``)."""
+    bad = (x != x) | (x == float("inf"))
+    if not ALLOW_NEG_INF:
+        bad = bad | (x == float("-inf"))
+    return bad
+
+
+@triton.jit
+def span_nonfinite(ptr, n, ALLOW_NEG_INF: tl.constexpr, BLOCK: tl.constexpr):
+    """True (a scalar) when one of the ``n`` contiguous elements at ``ptr`` is :func:`nonfinite`; reads them
+    ``BLOCK`` at a time."""
+    bad = tl.zeros((BLOCK,), tl.int32)
+    for i in range(0, n, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(ptr + offs, mask=offs < n, other=0.0)
+        bad = bad | nonfinite(x, ALLOW_NEG_INF).to(tl.int32)
+    return tl.max(bad, 0) != 0

@@ -228,12 +228,15 @@ def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
     the state at call time: never while compiling, capturing a CUDA graph, under ``torch.func`` transforms or for
     meta/fake tensors; otherwise always ``at_sync_point`` (the caller syncs anyway), else per
     :func:`value_checks`."""
-    if symbolic(x):  # verify: unreached (compile, meta/fake tensors, torch.func transforms; tests)
+    if torch.compiler.is_compiling():  # verify: unreached (torch.compile; tests)
         return False
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():  # verify: unreached (CUDA-graph capture; GPU script)
+    mode = _MODE.get()  # the policy first: a device-mode call skips the checks below (host time per call)
+    if not (at_sync_point or mode == "sync" or (mode == "auto" and x.device.type == "cpu")):
         return False
-    mode = _MODE.get()
-    return at_sync_point or mode == "sync" or (mode == "auto" and x.device.type == "cpu")
+    if symbolic(x):  # verify: unreached (meta/fake tensors, torch.func transforms; tests)
+        return False
+    # verify: unreached (CUDA-graph capture; GPU script)
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

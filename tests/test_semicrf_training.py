@@ -359,13 +359,18 @@ def test_head_errors_name_hidden():
         head.decode(bad, lengths)
 
 
-def test_device_mode_streaming_call_poisons_instead_of_a_wrong_number():
-    case = semicrf_case(B=2, T=3, K=2, C=2, use_triton=True).leaves()
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_device_mode_streaming_call_poisons_instead_of_a_wrong_number(use_triton):
+    """A length out of range in device mode: NaN for that sequence (Triton: the kernels check each sequence) or
+    for the whole batch (PyTorch backend: one fused flag), and NaN gradients; never a number."""
+    case = semicrf_case(B=2, T=3, K=2, C=2, use_triton=use_triton).leaves()
     with validate.value_checks("device"):
         value = semi_crf_streaming_forward(case.cum_scores, case.transition, case.duration_bias,
-                                           torch.tensor([3, 7]), case.K)
+                                           torch.tensor([3, 7]), case.K, use_triton=use_triton)
     value.sum().backward()
-    assert torch.isnan(value).all() and torch.isnan(case.cum_scores.grad).all()
+    spoiled = [1] if use_triton else [0, 1]
+    assert torch.isnan(value[spoiled]).all() and torch.isfinite(value[[0]]).all() == use_triton
+    assert torch.isnan(case.cum_scores.grad[1]).any() and torch.isnan(case.duration_bias.grad).any()
 
 
 def test_viterbi_names_the_argument_even_in_device_mode():

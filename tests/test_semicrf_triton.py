@@ -20,8 +20,9 @@ import triton.language as tl
 from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
 from conftest import semicrf_case
+from provable_kernels import validate
 from provable_kernels.dispatch import recording
-from provable_kernels.semicrf import dispatch, triton_ops
+from provable_kernels.semicrf import call, triton_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf import oracle
 
@@ -241,7 +242,7 @@ def test_multi_chunk_durations(monkeypatch):
 def test_more_labels_than_the_triton_limit_run_the_pytorch_recursion(C, route):
     """Beyond TRITON_MAX_LABELS (64) the Triton kernels' register tiles grow past the register file (at C = 257
     the backward compiled for minutes): dispatch takes the PyTorch route there, exact as below the limit."""
-    assert dispatch.TRITON_MAX_LABELS == 64
+    assert call.TRITON_MAX_LABELS == 64
     case = make_case(B=2, T=2, K=2, C=C, variable=True).to(device=DEVICE)
     logz, taken = routes(lambda: case.forward("log"))
     assert taken == [route]
@@ -338,4 +339,52 @@ def test_backend_rejects_bad_arguments():
     with pytest.raises(TypeError, match="grad_logZ"):
         triton_ops.backward(log_call, saved, logz, torch.ones(2, dtype=torch.int64, device=DEVICE))
     with pytest.raises(TypeError, match="saved"):
-        triton_ops.backward(log_call, saved[:2], logz, torch.ones(2, dtype=F64, device=DEVICE))
+        triton_ops.backward(log_call, saved[:1], logz, torch.ones(2, dtype=F64, device=DEVICE))
+    with pytest.raises(ValueError, match="saved checkpoints"):
+        triton_ops.backward(log_call, (saved[0], saved[1][1:]), logz, torch.ones(2, dtype=F64, device=DEVICE))
+
+
+# ------------------------------------------------------------------------------- value checks inside the kernels
+
+# (argument, index, bad value, sequences it spoils); lengths = [5, 3], so cum_scores[1, 4:] is padding
+SPOILERS = [("cum_scores", (1, 2, 0), math.nan, [1]), ("cum_scores", (1, 5, 1), -math.inf, [1]),
+            ("cum_scores", (0, 5, 0), math.inf, [0]), ("proj_start", (0, 1, 1), math.nan, [0]),
+            ("proj_end", (1, 4, 0), math.inf, [1]), ("transition", (1, 2, 0), math.nan, [0, 1]),
+            ("duration_bias", (1, 0), math.inf, [0, 1]), ("lengths", 1, 0, [1]), ("lengths", 0, 6, [0])]
+
+
+@pytest.mark.parametrize("trans3d", [False, True])
+@pytest.mark.parametrize("name, where, bad, spoiled", SPOILERS)
+def test_device_mode_kernels_poison_exactly_the_spoiled_sequences(name, where, bad, spoiled, trans3d):
+    """Device mode (no host read): each kernel program checks its own sequence's values and length (padding
+    included) and the shared transition and duration biases. A spoiled sequence gets NaN (log and max, inference
+    and training) and NaN gradients, which the shared parameters' gradients then carry; every other sequence
+    keeps bitwise the values and per-sequence gradients of a clean call. Nothing reads out of bounds."""
+    clean = make_case(B=2, T=5, K=3, C=3, trans3d=trans3d, proj_start=True, proj_end=True, seed=5)
+    clean = replace(clean, lengths=torch.tensor([5, 3])).to(device=DEVICE)
+    spoilt = clean.to()
+    if name == "transition" and not trans3d:
+        where = where[1:]
+    if name == "lengths":
+        spoilt.lengths[where] = bad
+    else:
+        getattr(spoilt, name)[where] = bad
+    kept = [b for b in range(2) if b not in spoiled]
+    with validate.value_checks("device"):
+        for semiring in ("log", "max"):
+            want, got = clean.forward(semiring), spoilt.forward(semiring)
+            assert torch.isnan(got[spoiled]).all() and torch.equal(got[kept], want[kept]), semiring
+            want_case, got_case = clean.leaves(), spoilt.leaves()
+            want, got = want_case.forward(semiring), got_case.forward(semiring)
+            assert torch.isnan(got[spoiled]).all() and torch.equal(got[kept], want[kept]), f"{semiring} train"
+            want_grads, got_grads = grads(want.sum(), want_case), grads(got.sum(), got_case)
+            for b in spoiled:
+                assert torch.isnan(got_grads[0][b]).any(), f"{semiring}: cum_scores gradient of sequence {b}"
+            # the shared parameters carry the NaN of what a spoiled sequence uses: its marginals (log) or decoded
+            # path (max) hold a duration bias, and transitions once it has two positions (lengths clamped to 1..T)
+            assert torch.isnan(got_grads[2]).any(), f"{semiring}: duration_bias gradient"
+            if semiring == "log" and min(spoilt.lengths[spoiled].clamp(1, 5)) >= 2:
+                assert torch.isnan(got_grads[1]).any(), f"{semiring}: transition gradient"
+            for per_sequence in (0, 3, 4):
+                assert torch.equal(got_grads[per_sequence][kept], want_grads[per_sequence][kept]), \
+                    f"{semiring}: {NAMES[per_sequence]} gradient of the kept sequences"

@@ -8,8 +8,8 @@ and meta / fake tensors get the right output shapes without running anything:
 - ``semicrf_partition(cum, trans, dur, lengths, ps, pe, K, semiring, backend) -> (B,)``: logZ or the best score,
   no gradient (inference routes).
 - ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), *saved]``: logZ with what
-  the backward needs (Triton: float64 logZ and ring checkpoints; torch: float64 logZ, the backward recomputes its
-  checkpoints); differentiable through ``semicrf_log_backward``.
+  the backward needs (Triton: float64 logZ and the ring checkpoints in one flat float64 tensor; torch: float64
+  logZ, the backward recomputes its checkpoints); differentiable through ``semicrf_log_backward``.
 - ``semicrf_log_backward(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend) -> [g_cum, g_trans, g_dur,
   (g_ps), (g_pe)]``: the hand-written backward. It is first order only: differentiating it again (a gradient
   penalty, ``create_graph=True`` then ``backward``) raises :class:`SecondOrderError`, never a silent zero.
@@ -31,7 +31,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from provable_kernels.custom_ops import Op
+from provable_kernels import validate
+from provable_kernels.custom_ops import Op, plain_eager
 from provable_kernels.semicrf import torch_ops, triton_ops
 from provable_kernels.semicrf.call import StreamingCall
 from provable_kernels.semicrf.scoring import segmentation_score
@@ -92,11 +93,8 @@ def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: 
     logZ, logZ64 = cum.new_empty(B), cum.new_empty(B, dtype=torch.float64)
     if backend == "torch":
         return [logZ, logZ64]
-    checkpoints = T // triton_ops.checkpoint_interval(T, k) + 1
-    ring = cum.new_empty(B, checkpoints, k + 1, C, dtype=torch.float64)
-    ring_a = cum.new_empty(B, checkpoints, k + 1, C, dtype=torch.float64) if trans.dim() == 3 else \
-        cum.new_empty(1, dtype=torch.float64)
-    return [logZ, logZ64, ring, ring_a, cum.new_empty(B, checkpoints, dtype=torch.float64)]
+    shapes = triton_ops.checkpoint_shapes(B, T, C, k, trans.dim() == 3)
+    return [logZ, logZ64, cum.new_empty(triton_ops.carved_numel(shapes, torch.float64), dtype=torch.float64)]
 
 
 def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
@@ -167,8 +165,11 @@ def _args(call: StreamingCall) -> tuple:
 
 
 def partition(backend: str, call: StreamingCall) -> Tensor:
-    """logZ or the best score (B,) of ``call``, no autograd graph (the inference routes)."""
-    return _partition_op(*_args(call), call.semiring, backend)
+    """logZ or the best score (B,) of ``call``, no autograd graph (the inference routes: no input requires grad,
+    so a plain eager call runs the backend directly, as the op itself would, without its host time)."""
+    if plain_eager(call.cum_scores):
+        return _module(backend).partition(call)
+    return _partition_op(*_args(call), call.semiring, backend)  # verify: unreached (compile, fake tensors; tests)
 
 
 def log_partition(backend: str, call: StreamingCall) -> Tensor:
@@ -199,11 +200,13 @@ def path_tensors(path: ViterbiPath, lengths: Tensor) -> tuple[Tensor, Tensor]:
 def max_partition(backend: str, call: StreamingCall) -> Tensor:
     """The best score (B,) from the Viterbi op; gradient: autograd of the decoded path's score (the indicator of
     its segments and transitions), zero where the best score is -inf. The value is exactly the Viterbi score;
-    second-order gradients are exact (zero: the score is linear in the inputs)."""
+    second-order gradients are exact (zero: the score is linear in the inputs). A sequence whose best score is
+    NaN (its values failed the Triton kernel's checks) gets NaN gradients too."""
     path = viterbi(backend, call)
-    starts, labels = path_tensors(path, call.lengths)
-    score = segmentation_score(call.cum_scores, call.transition, call.duration_bias, call.lengths, starts, labels,
+    lengths = call.lengths.clamp(1, call.T)  # device mode: the kernels clamp a bad length and return NaN
+    starts, labels = path_tensors(path, lengths)
+    score = segmentation_score(call.cum_scores, call.transition, call.duration_bias, lengths, starts, labels,
                                call.proj_start, call.proj_end)
     best = path.scores.detach()  # the op has no autograd formula: the gradient is the path score's
-    score = torch.where(torch.isfinite(best), score, torch.zeros_like(score))
-    return best + (score - score.detach())
+    score = torch.where(best == float("-inf"), torch.zeros_like(score), score)
+    return validate.poison(~torch.isnan(best), best + (score - score.detach()))

@@ -25,15 +25,16 @@ from typing import Optional
 import torch
 
 from provable_kernels import fused_checks, validate
+from provable_kernels.dispatch import triton_usable
 
 SCORE_NAMES = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
 SEMIRINGS = ("log", "max")
 OPS = ("partition", "viterbi")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1.5 us more host time per construction
 class Scores:
-    """The validated score tensors of a semi-CRF model (shapes in the module docstring)."""
+    """The validated score tensors of a semi-CRF model (shapes in the module docstring). Read-only by convention."""
 
     cum_scores: torch.Tensor
     transition: torch.Tensor
@@ -62,10 +63,10 @@ class Scores:
         return (self.cum_scores, self.transition, self.duration_bias, self.proj_start, self.proj_end)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StreamingCall(Scores):
     """A validated call of a streaming entry point: the scores, which ``op`` (``partition`` or ``viterbi``), the
-    ``semiring`` and whether the caller allows the Triton backend."""
+    ``semiring`` and whether the caller allows the Triton backend. Read-only by convention."""
 
     op: str
     semiring: str
@@ -73,24 +74,101 @@ class StreamingCall(Scores):
 
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# The Triton kernels keep a (CP, CP) transition tile (CP = C padded to a power of two) and its float64 gradient
+# sums in registers for the whole sequence. Up to CP = 64 that fits the register file; at CP = 128 it spills and
+# the backward takes 24 s to compile for sm_90, at CP = 512 (C = 257) more than 200 s (benchmarks/NOTES-semicrf.md).
+TRITON_MAX_LABELS = 64
+
+
+def triton_runs(use_triton: bool, device: torch.device, C: int) -> bool:
+    """Whether the Triton kernels run a call: the caller allows them, Triton can run on ``device`` (CUDA, or the
+    CPU under ``TRITON_INTERPRET=1``) and there are at most :data:`TRITON_MAX_LABELS` labels."""
+    return use_triton and C <= TRITON_MAX_LABELS and triton_usable(device)
 TRANSFORMS_HINT = ("the semi-CRF does not support torch.func transforms (vmap, grad, jacrev, ...): its kernels are "
                    "custom ops with a hand-written backward and no batching rule. Use torch.autograd.grad (or "
                    ".backward()) for gradients, and a larger batch B instead of vmap")
 
 
 def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=None, proj_end=None, *,
-                 at_sync_point: bool = False, fused: bool = False) -> Scores:
+                 at_sync_point: bool = False, use_triton: bool = False) -> Scores:
     """Validate the score tensors (naming the argument on error: ``TypeError`` for a wrong type or dtype,
     ``ValueError`` for a wrong shape, device or value) and cast the float ones to the compute dtype (module
     docstring). Types, shapes, dtypes and devices are checked on the host before any work; the value checks
     (finiteness, length range) follow the host-sync policy of :class:`provable_kernels.validate.DataChecks`
-    (``at_sync_point``: the caller reads results on the host anyway): a named error now, or ``Scores.ok`` for
-    the caller to poison its outputs with (``lengths`` then clamped into 1..T). ``fused``: where Triton runs,
-    every value check in one launch (:mod:`provable_kernels.fused_checks`); in host mode a failure is then
-    checked again per argument for the named error."""
+    (``at_sync_point``: the caller reads results on the host anyway): a named error now, or, in device mode,
+    ``Scores.ok`` for the caller to poison its outputs with (``lengths`` then clamped into 1..T).
+
+    ``use_triton``: the caller allows the Triton kernels. Where they run (:func:`triton_runs`) they check the values of each sequence
+    themselves (a failed check makes that sequence's output NaN, lengths clamped), so device mode adds nothing
+    here; host mode runs every check in one launch (:mod:`provable_kernels.fused_checks`) and, on a failure,
+    again per argument for the named error."""
     # verify: unreached (torch.func transforms are refused with a hint; tests)
     if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
         raise RuntimeError(TRANSFORMS_HINT)
+    dtype, K, cast = _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    device, T1, C = cum_scores.device, cum_scores.shape[1], cum_scores.shape[2]
+    if cast:
+        cum_scores, transition, duration_bias, proj_start, proj_end = (
+            x if x is None or x.dtype == dtype else x.to(dtype)
+            for x in (cum_scores, transition, duration_bias, proj_start, proj_end))
+    floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
+    fused_failed = False
+    if triton_runs(use_triton, device, C):
+        if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):  # the kernels check
+            return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+        if fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
+            if bool(fused_checks.check_values(floats, lengths, 1, T1 - 1)):  # every value right
+                return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+            fused_failed = True
+    checks = validate.DataChecks(at_sync_point=at_sync_point)  # one reduction per check: the named error
+    for name, (x, allow_neg_inf) in zip(SCORE_NAMES, floats):
+        if x is not None:
+            checks.finite(name, x, allow_neg_inf=allow_neg_inf)
+    lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
+    ok = checks.flag()  # host mode: raises the named error of a failed check
+    if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
+        raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
+    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_VALIDATED: dict[tuple, tuple[torch.dtype, int, bool]] = {}  # argument signature -> _check_metadata's result
+_VALIDATED_MAX = 256
+
+
+def _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end) -> tuple:
+    """Check every argument's type, rank, dtype, device and shape (naming it on error; values are not read) and
+    return ``(compute dtype, K as an int, whether a float tensor needs a cast to it)``. A signature seen before (each argument's type and, for tensors,
+    dtype, device and shape; plain tensors and an int K only) passed these checks then and is looked up instead
+    (host time per call)."""
+    key = None if torch.compiler.is_compiling() else _signature(
+        (cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end))
+    found = _VALIDATED.get(key) if key is not None else None
+    if found is None:
+        found = _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+        if key is not None:
+            if len(_VALIDATED) >= _VALIDATED_MAX:
+                _VALIDATED.clear()
+            _VALIDATED[key] = found
+    return found
+
+
+def _signature(args: tuple) -> Optional[tuple]:
+    """What the metadata checks decide on, as a hashable key; None for arguments the cache does not cover."""
+    key = []
+    for x in args:
+        if type(x) in _PLAIN:
+            key.append((type(x), x.dtype, x.device, x.shape))
+        elif x is None or type(x) is int:
+            key.append(x)
+        else:
+            return None
+    return tuple(key)
+
+
+def _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end) -> tuple:
+    """The checks of :func:`_check_metadata`, run in full."""
     cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=INPUT_DTYPES)
     device = cum_scores.device
     B, T1, C = cum_scores.shape
@@ -110,31 +188,11 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
         if proj is not None:
             validate.tensor(name, proj, ndim=3, dtypes=INPUT_DTYPES, device=device)
             validate.shape(name, proj, (B, T1 - 1, C), "(B, T, C)")
-    floats = (cum_scores, transition, duration_bias, proj_start, proj_end)
-    dtype = torch.float64 if any(x is not None and x.dtype == torch.float64 for x in floats) else torch.float32
-    cum_scores, transition, duration_bias, proj_start, proj_end = (  # a cast only where needed (host time)
-        x if x is None or x.dtype == dtype else x.to(dtype) for x in floats)
     lengths = validate.tensor("lengths", lengths, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     validate.shape("lengths", lengths, (B,), "(B,)")
-    floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
-    fused_failed = False
-    if fused and fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
-        ok, clamped = fused_checks.check_values(floats, lengths, 1, T1 - 1)
-        # verify: unreached (device mode: CUDA calls by default; tests/test_fused_checks.py on the CPU)
-        if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
-            return Scores(cum_scores, transition, duration_bias, clamped, K, proj_start, proj_end, ok=ok)
-        if bool(ok):  # host mode, every value right: no per-check pass
-            return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
-        fused_failed = True
-    checks = validate.DataChecks(at_sync_point=at_sync_point)  # one reduction per check: the named error
-    for name, (x, allow_neg_inf) in zip(SCORE_NAMES, floats):
-        if x is not None:
-            checks.finite(name, x, allow_neg_inf=allow_neg_inf)
-    lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
-    ok = checks.flag()  # host mode: raises the named error of a failed check
-    if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
-        raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
-    return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
+    dtypes = {x.dtype for x in (cum_scores, transition, duration_bias, proj_start, proj_end) if x is not None}
+    dtype = torch.float64 if torch.float64 in dtypes else torch.float32
+    return dtype, K, dtypes != {dtype}
 
 
 def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
@@ -147,8 +205,8 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end,
-                          at_sync_point=op == "viterbi", fused=use_triton)
-    # Fields spelled out: torch.compile (dynamo) cannot trace vars() of a frozen dataclass.
+                          at_sync_point=op == "viterbi", use_triton=use_triton)
+    # Fields spelled out: torch.compile (dynamo) cannot trace vars() of a dataclass.
     return StreamingCall(scores.cum_scores, scores.transition, scores.duration_bias, scores.lengths, scores.K,
                          scores.proj_start, scores.proj_end, ok=scores.ok, op=op, semiring=semiring,
                          use_triton=use_triton)

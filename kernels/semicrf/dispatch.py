@@ -10,10 +10,10 @@ from typing import Optional
 
 import torch
 
-from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels import validate
 from provable_kernels.semicrf import autograd
-from provable_kernels.semicrf.call import OPS, SEMIRINGS, StreamingCall, make_call
+from provable_kernels.semicrf.call import OPS, SEMIRINGS, StreamingCall, make_call, triton_runs
 from provable_kernels.semicrf.structures import ViterbiResult, to_result
 
 
@@ -25,17 +25,10 @@ def ask_op(call: StreamingCall) -> str:
     return call.op
 
 
-# The Triton kernels keep a (CP, CP) transition tile (CP = C padded to a power of two) and its float64 gradient
-# sums in registers for the whole sequence. Up to CP = 64 that fits the register file; at CP = 128 it spills and
-# the backward takes 24 s to compile for sm_90, at CP = 512 (C = 257) more than 200 s (benchmarks/NOTES-semicrf.md).
-TRITON_MAX_LABELS = 64
-
-
 def ask_backend(call: StreamingCall) -> str:
     """``triton`` when the caller allows it (use_triton=True), Triton can run on the tensors' device (CUDA, or
     CPU under TRITON_INTERPRET=1) and there are at most ``TRITON_MAX_LABELS`` (64) labels; otherwise ``torch``."""
-    usable = call.use_triton and triton_usable(call.cum_scores.device)
-    return "triton" if usable and call.C <= TRITON_MAX_LABELS else "torch"
+    return "triton" if triton_runs(call.use_triton, call.cum_scores.device, call.C) else "torch"
 
 
 def ask_semiring(call: StreamingCall) -> str:

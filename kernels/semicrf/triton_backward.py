@@ -135,7 +135,8 @@ def semicrf_backward_kernel(
     alpha_a, alpha_A,  # interval buffers: (B, S+1, C) a-values, (B, S+1) float64 offsets
     bring,  # (B, KR, C) float64 outside ring
     g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2, zero-filled
-    g_dur, g_trans,  # float64 per-sequence sums x grad_logZ[b]: (B, K, C), (B, C, C) | (B, K, C, C), zero-filled
+    g_dur, g_trans,  # float64 per-sequence sums x grad_logZ[b], zero-filled: row b of a (B, C*C | K*C*C + K*C)
+                     # buffer holds its transition sums at g_trans and its (K, C) duration sums right after, at g_dur
     T, K, KR, S, NCK, C,
     TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     FT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
@@ -143,27 +144,28 @@ def semicrf_backward_kernel(
     """One program per sequence: recompute alpha interval by interval, run the outside recursion, write
     gradients (see the module docstring)."""
     b = tl.program_id(0).to(tl.int64)
-    L = tl.load(lengths + b).to(tl.int32)
+    L = tl.minimum(tl.maximum(tl.load(lengths + b), 1), T).to(tl.int32)  # clamped as in the forward
     logZ = tl.load(logz + b)
     dead = logZ == float("-inf")  # no finite segmentation: zero gradients
     g = tl.where(dead, 0.0, tl.load(grad + b).to(FT))
     logZ = tl.where(dead, 0.0, logZ)
     cum += b * (T + 1) * C
-    ps += b * T * C
-    pe += b * T * C
     ring += b * KR * C
-    ring_a += b * KR * C
     alpha_a += b * (S + 1) * C
     alpha_A += b * (S + 1)
     bring += b * KR * C
     g_cum += b * (T + 1) * C
-    g_ps += b * T * C
-    g_pe += b * T * C
+    if HAS_PS:
+        ps += b * T * C
+        g_ps += b * T * C
+    if HAS_PE:
+        pe += b * T * C
+        g_pe += b * T * C
     if TRANS_3D:
-        g_trans += b * K * C * C
-    else:
-        g_trans += b * C * C
-    g_dur += b * K * C
+        ring_a += b * KR * C
+    part = (K * C * C if TRANS_3D else C * C) + K * C  # a sequence's row of the partial sums (one buffer)
+    g_dur += b * part
+    g_trans += b * part
     cols = tl.arange(0, CP)
     cmask = cols < C
     dur0, trans0 = load_constants(trans, dur, K, C, cols, cmask, TRANS_3D, DB)
@@ -186,8 +188,8 @@ def semicrf_backward_kernel(
         cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, first_t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
         for t in range(first_t + 1, last_t + 1):
             cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-            R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, ring,
-                              ring, cols, cmask, True, TRANS_3D, False, FT, DB, NCHUNK)
+            R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, None,
+                              None, cols, cmask, True, TRANS_3D, False, FT, DB, NCHUNK)
             tl.store(alpha_a + (t - first_t) * C + cols, a.to(FT), mask=cmask)
             tl.store(alpha_A + t - first_t, R)
             cum_t, ps_t, pe_t = cum_n, ps_n, pe_n

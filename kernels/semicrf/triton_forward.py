@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from provable_kernels.triton_math import lse_merge, lse_parts, lse_shift, semiring_sum
+from provable_kernels.triton_math import lse_merge, lse_parts, lse_shift, semiring_sum, span_nonfinite
 
 
 @triton.jit
@@ -202,6 +202,22 @@ def copy_block(src, dst, n, BLOCK: tl.constexpr):
         tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
 
+@triton.jit
+def sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr,
+                       HAS_PE: tl.constexpr):
+    """The value checks of one sequence (``cum``, ``ps``, ``pe`` at its rows): True when its cumulative scores
+    hold NaN or +-inf, or its projections, the transitions or the duration biases NaN or +inf (padding past its
+    length included)."""
+    bad = span_nonfinite(cum, (T + 1) * C, False, 1024)
+    bad = bad | span_nonfinite(trans, K * C * C if TRANS_3D else C * C, True, 1024)
+    bad = bad | span_nonfinite(dur, K * C, True, 1024)
+    if HAS_PS:
+        bad = bad | span_nonfinite(ps, T * C, True, 1024)
+    if HAS_PE:
+        bad = bad | span_nonfinite(pe, T * C, True, 1024)
+    return bad
+
+
 SIZES = ["T", "K", "KR", "S", "NCK", "C"]  # integer arguments not specialised: one compilation serves every length
 
 
@@ -212,22 +228,31 @@ def semicrf_forward_kernel(
     ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only)
     ck_ring, ck_ring_a, ck_offset,  # SAVE_CKPT: rings after steps 0, S, 2S, ... (B, NCK, KR, C) and A there (B, NCK)
     bp_dur, bp_prev, last_label,  # WRITE_BP: (B, T+1, C) int32 x2, (B,) int32
+    # (a pointer whose flag is off, e.g. ps without HAS_PS, may be None: fewer arguments, less launch time)
     T, K, KR, S, NCK, C,  # K = min(K, T), KR = K + 1
     LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     SAVE_CKPT: tl.constexpr, WRITE_BP: tl.constexpr,
     FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
     """One program per sequence: the forward recursion over t = 1..L_b (see the module docstring); ``CT`` is the
-    chain dtype (float64, or float32 on the inference route with float32 inputs)."""
+    chain dtype (float64, or float32 on the inference route with float32 inputs). The program checks its own
+    values first (:func:`sequence_nonfinite`, and 1 <= L_b <= T): when one fails, ``out[b]`` is NaN (with L_b
+    clamped into 1..T for the recursion), so no value error turns into a number."""
     b = tl.program_id(0).to(tl.int64)
-    L = tl.load(lengths + b).to(tl.int32)
+    length = tl.load(lengths + b)
+    L = tl.minimum(tl.maximum(length, 1), T).to(tl.int32)  # clamped: a bad length never indexes out of bounds
     cum += b * (T + 1) * C
-    ps += b * T * C
-    pe += b * T * C
     ring += b * KR * C
-    ring_a += b * KR * C
-    bp_dur += b * (T + 1) * C
-    bp_prev += b * (T + 1) * C
+    if HAS_PS:
+        ps += b * T * C
+    if HAS_PE:
+        pe += b * T * C
+    if TRANS_3D:
+        ring_a += b * KR * C
+    if WRITE_BP:
+        bp_dur += b * (T + 1) * C
+        bp_prev += b * (T + 1) * C
+    bad = sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D, HAS_PS, HAS_PE) | (L != length)
     cols = tl.arange(0, CP)
     cmask = cols < C
     dur0, trans0 = load_constants(trans, dur, K, C, cols, cmask, TRANS_3D, DB)
@@ -260,6 +285,6 @@ def semicrf_forward_kernel(
                 tl.store(ck_offset + b * NCK + k, R)
         cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
 
-    tl.store(out + b, (R + semiring_sum(a, 0, LOG)).to(out.dtype.element_ty))
+    tl.store(out + b, tl.where(bad, float("nan"), R + semiring_sum(a, 0, LOG)).to(out.dtype.element_ty))
     if WRITE_BP:
         tl.store(last_label + b, tl.argmax(a, 0, tie_break_left=True).to(tl.int32))

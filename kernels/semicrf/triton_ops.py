@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import triton
@@ -84,7 +84,7 @@ def _config(K: int, C: int, trans_3d: bool, tile_2d: int, tile_3d: int) -> tuple
     return DB, min(8, max(2, tile // 128)), min(8, max(4, tile // 64))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: host time per call (read-only by convention)
 class _Plan:
     """A call's tensors (contiguous), sizes and compile-time flags, shared by every kernel of the call. The kernels
     take the sizes under short names (``KR``, ``S``, ``NCK``, ``DB``, ``FT``, ...); each is spelled out here."""
@@ -125,8 +125,25 @@ class _Plan:
     def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
         """A kernel buffer from :func:`provable_kernels.alloc.empty` (poisoned under ``sentinel verify``: an
         element no kernel writes shows); ``zero``: filled with zeros (buffers the kernels accumulate into)."""
-        out = alloc.empty(shape, dtype=dtype, device=self.cum.device)
-        return out.zero_() if zero else out
+        if zero:
+            return torch.zeros(shape, dtype=dtype, device=self.cum.device)
+        return alloc.empty(shape, dtype=dtype, device=self.cum.device)
+
+    def carve(self, shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, zero: bool = False,
+              flat: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+        """Buffers of ``shapes`` as views of one allocation (:meth:`new`; one allocation and at most one fill
+        instead of one per buffer: host time per call), each starting 16-byte aligned; or views of ``flat``, an
+        allocation of :func:`carved_numel` elements made before."""
+        numel, layout = _carving(tuple(shapes), dtype.itemsize)
+        if flat is None:
+            flat = self.new(numel, dtype=dtype, zero=zero)
+        return tuple(flat.as_strided(shape, stride, offset) for shape, stride, offset in layout)
+
+    def checkpoint_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the training forward's float64 buffers, in :meth:`carve` order: ring checkpoints (B, NCK,
+        KR, C), a-value checkpoints (the same; 3-D transitions only), offsets (B, NCK), then the forward's scratch
+        rings (B, KR, C): entries and a-values (3-D only)."""
+        return checkpoint_shapes(self.B, self.T, self.C, self.K, self.trans_3d)
 
     def sizes(self) -> tuple[int, ...]:
         """The kernels' size arguments ``(T, K, KR, S, NCK, C)``."""
@@ -137,16 +154,15 @@ class _Plan:
         return _meta(self.C, self.K, self.durations_per_chunk, self.trans_3d, self.ps is not None, self.pe is not None,
                      self.input_type, warps)
 
-    def inputs(self) -> tuple[Tensor, ...]:
-        return (self.cum, self.trans, self.dur, self.cum if self.ps is None else self.ps,
-                self.cum if self.pe is None else self.pe, self.lengths)
+    def inputs(self) -> tuple[Optional[Tensor], ...]:
+        """The kernels' input pointers (an absent projection is None)."""
+        return (self.cum, self.trans, self.dur, self.ps, self.pe, self.lengths)
 
-    def rings(self, zero: bool = False) -> tuple[Tensor, Tensor]:
-        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only); ``zero``-filled when they
-        are saved as checkpoints (slots not yet written at a checkpoint are copied too)."""
+    def rings(self) -> tuple[Tensor, Optional[Tensor]]:
+        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only, else None)."""
         shape = (self.B, self.ring_size, self.C)
-        ring_a = self.new(*shape, dtype=self.work_dtype, zero=zero) if self.trans_3d else self.cum
-        return self.new(*shape, dtype=torch.float64, zero=zero), ring_a
+        ring_a = self.new(*shape, dtype=self.work_dtype) if self.trans_3d else None
+        return self.new(*shape, dtype=torch.float64), ring_a
 
 
 @functools.lru_cache(maxsize=1024)
@@ -156,6 +172,34 @@ def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool
     ``NCHUNK`` chunks, ``FT`` the input dtype."""
     return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=input_type, CP=triton.next_power_of_2(C),
                 DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk), num_warps=warps, num_stages=1)
+
+
+def checkpoint_shapes(B: int, T: int, C: int, K: int, trans_3d: bool) -> list[tuple[int, ...]]:
+    """:meth:`_Plan.checkpoint_shapes` for K capped at T."""
+    count, ring = T // checkpoint_interval(T, K) + 1, (B, K + 1, C)
+    saved = [(B, count, K + 1, C)] * (2 if trans_3d else 1) + [(B, count)]
+    return saved + [ring] * (2 if trans_3d else 1)
+
+
+def carved_numel(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> int:
+    """Elements of the one allocation :meth:`_Plan.carve` makes for ``shapes`` (sizes may be symbolic)."""
+    return _pack(tuple(shapes), dtype.itemsize)[0]
+
+
+def _pack(shapes: tuple[tuple[int, ...], ...], itemsize: int) -> tuple[int, tuple]:
+    """(total elements, ((shape, contiguous strides, offset), ...)) of ``shapes`` packed one after another, each
+    starting at a 16-byte boundary (the kernels' pointers stay aligned)."""
+    per, offset, layout = max(1, 16 // itemsize), 0, []
+    for shape in shapes:
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        layout.append((shape, tuple(strides), offset))
+        offset += -(-math.prod(shape) // per) * per
+    return offset, tuple(layout)
+
+
+_carving = functools.lru_cache(maxsize=1024)(_pack)  # one lookup per call on the hot path
 
 
 def checkpoint_interval(T: int, K: int) -> int:
@@ -177,36 +221,50 @@ def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
 def _plan(call: object, semiring: Optional[str] = None, training: bool = False) -> _Plan:
     """The plan of ``call``; ``training`` selects the float64 working dtype (module docstring, precision)."""
     call = require_call(call, semiring)
-    if not triton_usable(call.cum_scores.device):  # verify: unreached (internal guard: the tree checks the device)
+    cum = call.cum_scores
+    if not cum.is_cuda:
+        _require_interpreter(cum.device)
+    B, T1, C = cum.shape
+    T = T1 - 1
+    K = min(call.K, T)
+    trans, dur = call.transition, call.duration_bias
+    trans_3d = trans.dim() == 3
+    if K < call.K:  # durations beyond T never occur: drop their rows
+        trans, dur = trans[:K] if trans_3d else trans, dur[:K]
+    interval, durations_per_chunk, warps, backward_warps = _layout(T, K, C, trans_3d)
+    return _Plan(
+        cum=cum.contiguous(), trans=trans.contiguous(), dur=dur.contiguous(), ps=_contiguous(call.proj_start),
+        pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_requested=call.K,
+        checkpoint_interval=interval, durations_per_chunk=durations_per_chunk, warps=warps,
+        backward_warps=backward_warps, trans_3d=trans_3d, work_dtype=torch.float64 if training else cum.dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(T: int, K: int, C: int, trans_3d: bool) -> tuple[int, int, int, int]:
+    """(checkpoint interval, durations per chunk, forward warps, backward warps) for capped K: one lookup per call."""
+    return (checkpoint_interval(T, K),) + config(K, C, trans_3d)
+
+
+def _require_interpreter(device: torch.device) -> None:
+    """On a device other than CUDA the kernels run only under the Triton interpreter, set before they were built."""
+    if not triton_usable(device):  # verify: unreached (internal guard: the tree checks the device)
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
-                         f"Triton backend, got {call.cum_scores.device}")
-    if call.cum_scores.device.type == "cpu" and not _interpreted():  # verify: unreached (interpreter set late)
+                         f"Triton backend, got {device}")
+    if not _interpreted():  # verify: unreached (interpreter set late: tests/test_semicrf_training.py)
         raise RuntimeError("TRITON_INTERPRET=1 was set after the semi-CRF Triton kernels were imported, so they were "
                            "built for a GPU driver: set it before the first import of provable_kernels (e.g. in the "
                            "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
-    B, T, C = call.batch, call.T, call.C
-    K = min(call.K, T)
-    trans_3d = call.transition.dim() == 3
-    durations_per_chunk, warps, backward_warps = config(K, C, trans_3d)
-    capped = K < call.K  # durations beyond T never occur: drop their rows (a view only when needed)
-    trans, dur = call.transition, call.duration_bias
-    return _Plan(
-        cum=call.cum_scores.contiguous(), trans=(trans[:K] if capped and trans_3d else trans).contiguous(),
-        dur=(dur[:K] if capped else dur).contiguous(), ps=_contiguous(call.proj_start),
-        pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_requested=call.K,
-        checkpoint_interval=checkpoint_interval(T, K), durations_per_chunk=durations_per_chunk,
-        warps=warps, backward_warps=backward_warps, trans_3d=trans_3d,
-        work_dtype=torch.float64 if training else call.cum_scores.dtype)
 
 
-def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple[Tensor, ...]] = None,
-             backpointers: Optional[tuple[Tensor, ...]] = None, chain=tl.float64) -> Tensor:
+def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple] = None,
+             backpointers: Optional[tuple[Tensor, ...]] = None, chain=tl.float64,
+             rings: Optional[tuple] = None) -> Tensor:
     """Run the forward kernel with the chain dtype ``chain`` (module docstring); ⊕_c alpha[L_b, c] (B,) in
-    ``out_dtype``."""
+    ``out_dtype``. ``rings``: the scratch rings (:meth:`_Plan.rings` when None)."""
     out = plan.new(plan.B, dtype=out_dtype)
-    ring, ring_a = plan.rings(zero=checkpoints is not None)
-    ck = checkpoints if checkpoints is not None else (ring, ring_a, out)
-    bp = backpointers if backpointers is not None else (ring, ring, ring)
+    ring, ring_a = plan.rings() if rings is None else rings
+    ck = checkpoints if checkpoints is not None else (None, None, None)
+    bp = backpointers if backpointers is not None else (None, None, None)
     semicrf_forward_kernel[(plan.B,)](
         *plan.inputs(), out, ring, ring_a, *ck, *bp, *plan.sizes(), LOG=log, SAVE_CKPT=checkpoints is not None,
         WRITE_BP=backpointers is not None, CT=chain, **plan.meta(plan.warps))
@@ -220,18 +278,20 @@ def partition(call: StreamingCall) -> Tensor:
     return _forward(plan, call.semiring == "log", plan.cum.dtype, chain=plan.input_type)
 
 
-def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """logZ (B,) in the input dtype and what :func:`backward` needs: ``(logZ float64 (B,), ring checkpoints
-    (B, T//S+1, K+1, C) float64, a-value checkpoints (same shape, 3-D transitions only, else (1,)), offsets
-    (B, T//S+1) float64)``, the ring saved after steps 0, S, 2S, ..."""
+def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """logZ (B,) in the input dtype and what :func:`backward` needs: ``(logZ float64 (B,), checkpoints float64
+    (n,))``, the ring saved after steps 0, S, 2S, ... as one flat allocation (:meth:`_Plan.checkpoint_shapes`:
+    rings, a-values for 3-D transitions, offsets, then the forward's scratch)."""
     plan = _plan(call, "log", training=True)
-    shape = (plan.B, plan.checkpoint_count, plan.ring_size, plan.C)
+    shapes = plan.checkpoint_shapes()
+    flat = plan.new(carved_numel(shapes, torch.float64), dtype=torch.float64, zero=True)
     # zero-filled: a sequence shorter than T leaves its last slots unwritten, and op outputs must be deterministic
-    ck_ring = plan.new(*shape, dtype=torch.float64, zero=True)
-    ck_ring_a = plan.new(*(shape if plan.trans_3d else (1,)), dtype=plan.work_dtype, zero=True)
-    ck_offset = plan.new(plan.B, plan.checkpoint_count, dtype=torch.float64, zero=True)
-    logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, ck_offset))
-    return logZ.to(plan.cum.dtype), (logZ, ck_ring, ck_ring_a, ck_offset)
+    views = plan.carve(shapes, torch.float64, flat=flat)
+    ck_ring, ck_ring_a = views[0], views[1] if plan.trans_3d else None
+    ring, ring_a = views[-2:] if plan.trans_3d else (views[-1], None)
+    logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, views[-3 if plan.trans_3d else -2]),
+                    rings=(ring, ring_a))
+    return logZ.to(plan.cum.dtype), (logZ, flat)
 
 
 def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
@@ -242,29 +302,32 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     dtype, device = plan.cum.dtype, plan.cum.device
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=device)
     validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
-    if not (isinstance(saved, tuple) and len(saved) == 4):
-        raise TypeError("saved must be the 4-tuple returned by forward_checkpointed")  # verify: unreached (internal)
-    logZ64, ck_ring, ck_ring_a, ck_offset = saved
-    validate.shape("saved checkpoints", ck_ring, (plan.B, plan.checkpoint_count, plan.ring_size, plan.C),
-                   "(B, T//S+1, K+1, C)")
+    if not (isinstance(saved, tuple) and len(saved) == 2):
+        raise TypeError("saved must be the pair returned by forward_checkpointed")  # verify: unreached (internal)
+    logZ64, flat = saved
+    shapes = plan.checkpoint_shapes()
+    validate.shape("saved checkpoints", flat, (carved_numel(shapes, torch.float64),), "(n,)")
+    ck_ring, *rest = plan.carve(shapes, torch.float64, flat=flat)
+    ck_ring_a, ck_offset = rest[:2] if plan.trans_3d else (None, rest[0])
     grad_logZ = grad_logZ.to(dtype).contiguous()
 
-    ring, ring_a = plan.rings()
-    g_cum = plan.new(plan.B, plan.T + 1, plan.C, dtype=dtype, zero=True)
-    g_ps = plan.new(plan.B, plan.T, plan.C, dtype=dtype, zero=True) if plan.ps is not None else None
-    g_pe = plan.new(plan.B, plan.T, plan.C, dtype=dtype, zero=True) if plan.pe is not None else None
-    part_dur = plan.new(plan.B, plan.K, plan.C, dtype=torch.float64, zero=True)
-    trans_shape = (plan.K, plan.C, plan.C) if plan.trans_3d else (plan.C, plan.C)
-    part_trans = plan.new(plan.B, *trans_shape, dtype=torch.float64, zero=True)
-    semicrf_backward_kernel[(plan.B,)](
-        *plan.inputs(), logZ64, grad_logZ, ring, ring_a, ck_ring, ck_ring_a, ck_offset,
-        plan.new(plan.B, plan.checkpoint_interval + 1, plan.C, dtype=plan.work_dtype),
-        plan.new(plan.B, plan.checkpoint_interval + 1, dtype=torch.float64),
-        plan.new(plan.B, plan.ring_size, plan.C, dtype=torch.float64),
-        g_cum, g_cum if g_ps is None else g_ps, g_cum if g_pe is None else g_pe, part_dur, part_trans,
+    S1, KR, B, C = plan.checkpoint_interval + 1, plan.ring_size, plan.B, plan.C
+    scratch = [(B, KR, C), (B, S1, C), (B, S1), (B, KR, C)] + [(B, KR, C)] * plan.trans_3d  # all float64 here
+    ring, alpha_a, alpha_A, bring, *ring_a = plan.carve(scratch, torch.float64)
+    trans_shape = (plan.K, C, C) if plan.trans_3d else (C, C)
+    trans_numel = math.prod(trans_shape)
+    parts = plan.new(B, trans_numel + plan.K * C, dtype=torch.float64, zero=True)  # per-sequence sums
+    g_cum = plan.new(B, plan.T + 1, C, dtype=dtype, zero=True)
+    g_ps = plan.new(B, plan.T, C, dtype=dtype, zero=True) if plan.ps is not None else None
+    g_pe = plan.new(B, plan.T, C, dtype=dtype, zero=True) if plan.pe is not None else None
+    semicrf_backward_kernel[(B,)](
+        *plan.inputs(), logZ64, grad_logZ, ring, ring_a[0] if ring_a else None, ck_ring, ck_ring_a, ck_offset,
+        alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, parts[:, trans_numel:], parts,
         *plan.sizes(), **plan.meta(plan.backward_warps))
 
-    g_dur, g_trans = part_dur.sum(0).to(dtype), part_trans.sum(0).to(dtype)  # fixed order: deterministic
+    sums = parts.sum(0).to(dtype)  # fixed order: deterministic
+    # g_dur copied out: the op's outputs must not alias each other
+    g_trans, g_dur = sums[:trans_numel].view(trans_shape), sums[trans_numel:].view(plan.K, C).clone()
     if plan.trans_3d:
         g_trans = pad_duration_rows(g_trans, plan.K_requested)
     return g_cum, g_trans, pad_duration_rows(g_dur, plan.K_requested), g_ps, g_pe

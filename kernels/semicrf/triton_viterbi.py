@@ -26,7 +26,7 @@ def semicrf_backtrack_kernel(bp_dur, bp_prev, last_label, lengths, durations, la
     bp_prev += b * (T + 1) * C
     durations += b * T
     labels += b * T
-    end = tl.load(lengths + b).to(tl.int32)
+    end = tl.minimum(tl.maximum(tl.load(lengths + b), 1), T).to(tl.int32)  # clamped as in the forward
     label = tl.load(last_label + b)
     while end > 0:
         d = tl.maximum(tl.load(bp_dur + end * C + label), 1)  # a duration is >= 1; never loop forever
