@@ -8,8 +8,12 @@ and meta / fake tensors get the right output shapes without running anything:
 - ``semicrf_partition(cum, trans, dur, lengths, ps, pe, K, semiring, backend) -> (B,)``: logZ or the best score,
   no gradient (inference routes).
 - ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), *saved]``: logZ with what
-  the backward needs (Triton: float64 logZ and the ring checkpoints in one flat float64 tensor; torch: float64
-  logZ, the backward recomputes its checkpoints); differentiable through ``semicrf_log_backward``.
+  the backward needs; differentiable through ``semicrf_log_backward``. Triton: the forward kernel, then at once
+  the backward kernel for grad_logZ = 1, whose per-sequence float64 gradients are saved (one flat tensor: g_cum
+  (B, T+1, C), the transition and duration-bias sums per sequence, g_ps, g_pe when present), so that the
+  backward is one launch that scales them by grad_logZ: it runs on autograd's device thread, where a launch
+  costs about twice the host time of the caller's thread (benchmarks/NOTES-semicrf.md). torch: the float64
+  logZ; the backward recomputes its checkpoints.
 - ``semicrf_log_backward(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend) -> [g_cum, g_trans, g_dur,
   (g_ps), (g_pe)]``: the hand-written backward. It is first order only: differentiating it again (a gradient
   penalty, ``create_graph=True`` then ``backward``) raises :class:`SecondOrderError`, never a silent zero.
@@ -80,30 +84,30 @@ def _partition_fake(cum, trans, dur, lengths, ps, pe, K, semiring, backend):  # 
 
 def _log_forward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                       pe: Optional[Tensor], K: int, backend: str) -> list[Tensor]:
-    logZ, saved = _module(backend).forward_checkpointed(_call(backend, cum, trans, dur, lengths, ps, pe, K, "log"))
-    if backend == "torch":
-        saved = saved[:1]  # the float64 logZ; the checkpoints' count depends on the lengths' values: recomputed
-    if logZ.dtype == torch.float64:
-        logZ = logZ.clone()  # float64 inputs: logZ is the saved float64 logZ itself; op outputs must not alias
-    return [logZ, *saved]
+    call = _call(backend, cum, trans, dur, lengths, ps, pe, K, "log")
+    if _module(backend) is torch_ops:  # saved: the float64 logZ (the checkpoints' count depends on the lengths' values)
+        logZ, (logZ64, _) = torch_ops.forward_checkpointed(call)
+        return [logZ.clone() if logZ.dtype == torch.float64 else logZ, logZ64]  # op outputs must not alias
+    logZ, checkpoints = triton_ops.forward_checkpointed(call)
+    return [logZ, triton_ops.unit_gradients(call, checkpoints)]  # the backward kernel, now (module docstring)
 
 
 def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
     B, T, C, k = _sizes(cum, K)
-    logZ, logZ64 = cum.new_empty(B), cum.new_empty(B, dtype=torch.float64)
+    logZ = cum.new_empty(B)
     if backend == "torch":
-        return [logZ, logZ64]
-    shapes = triton_ops.checkpoint_shapes(B, T, C, k, trans.dim() == 3)
-    return [logZ, logZ64, cum.new_empty(triton_ops.carved_numel(shapes, torch.float64), dtype=torch.float64)]
+        return [logZ, cum.new_empty(B, dtype=torch.float64)]
+    shapes = triton_ops.unit_shapes(B, T, C, k, trans.dim() == 3, ps is not None, pe is not None)
+    return [logZ, cum.new_empty(triton_ops.carved_numel(shapes, torch.float64), dtype=torch.float64)]
 
 
 def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                        pe: Optional[Tensor], saved: list[Tensor], grad: Tensor, K: int, backend: str) -> list[Tensor]:
     call = _call(backend, cum, trans, dur, lengths, ps, pe, K, "log")
-    module = _module(backend)
-    if backend == "torch":
-        saved = module.forward_checkpointed(call)[1]
-    grads = module.backward(call, tuple(saved), None, grad)
+    if _module(backend) is torch_ops:
+        grads = torch_ops.backward(call, torch_ops.forward_checkpointed(call)[1], None, grad)
+    else:
+        grads = triton_ops.scale_gradients(call, saved[0], grad)
     return [g for g in grads if g is not None]
 
 

@@ -240,3 +240,38 @@ def semicrf_backward_kernel(
     tl.store(g_dur + (d - 1)[:, None] * C + cols[None, :], g * dur_total, mask=(d <= K)[:, None] & cmask[None, :])
     if not TRANS_3D:
         tl.store(g_trans + cols[:, None] * C + cols[None, :], g * trans_total, mask=cmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _scale_span(src, dst, n, g, BLOCK: tl.constexpr):
+    """dst[0:n] = g * src[0:n] (float64 product, stored in dst's dtype), BLOCK elements at a time."""
+    for i in range(0, n, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        tl.store(dst + offs, (g * tl.load(src + offs, mask=offs < n, other=0.0)).to(dst.dtype.element_ty),
+                 mask=offs < n)
+
+
+@triton.jit(do_not_specialize=["B", "n_cum", "n_proj", "W", "TN"])
+def semicrf_scale_kernel(unit_cum, unit_ps, unit_pe, parts, grad, g_cum, g_ps, g_pe, g_trans, g_dur,
+                         B, n_cum, n_proj, W, TN, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr, BLOCK: tl.constexpr):
+    """The gradients for grad_logZ from the unit ones (float64, grad_logZ = 1; rows of n_cum / n_proj elements per
+    sequence, ``parts`` (B, W) the per-sequence transition (first TN columns) and duration-bias sums). Programs
+    0..B-1: sequence b's rows times grad[b]. Programs B..: BLOCK columns of Σ_b grad[b] * parts[b, :], b in order
+    (deterministic), into ``g_trans`` (columns < TN) and ``g_dur``. Outputs in their own dtype."""
+    pid = tl.program_id(0)
+    if pid < B:
+        seq = pid.to(tl.int64)
+        g = tl.load(grad + seq).to(tl.float64)
+        _scale_span(unit_cum + seq * n_cum, g_cum + seq * n_cum, n_cum, g, BLOCK)
+        if HAS_PS:
+            _scale_span(unit_ps + seq * n_proj, g_ps + seq * n_proj, n_proj, g, BLOCK)
+        if HAS_PE:
+            _scale_span(unit_pe + seq * n_proj, g_pe + seq * n_proj, n_proj, g, BLOCK)
+    else:
+        cols = (pid - B).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < W
+        total = tl.zeros((BLOCK,), tl.float64)
+        for row in range(0, B):
+            total += tl.load(grad + row).to(tl.float64) * tl.load(parts + row * W + cols, mask=inside, other=0.0)
+        tl.store(g_trans + cols, total.to(g_trans.dtype.element_ty), mask=inside & (cols < TN))
+        tl.store(g_dur + (cols - TN), total.to(g_dur.dtype.element_ty), mask=inside & (cols >= TN))

@@ -60,12 +60,13 @@ from provable_kernels import alloc, validate
 from provable_kernels.dispatch import triton_usable
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
-from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel
+from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel, semicrf_scale_kernel
 from provable_kernels.semicrf.triton_forward import semicrf_forward_kernel
 from provable_kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
 
 TILE_2D = 4096  # elements of a (durations, labels) chunk for 2-D transitions
 TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transitions
+SCALE_BLOCK = 1024  # elements per step of the gradient scaling kernel
 
 
 def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
@@ -139,6 +140,12 @@ class _Plan:
             flat = self.new(numel, dtype=dtype, zero=zero)
         return tuple(flat.as_strided(shape, stride, offset) for shape, stride, offset in layout)
 
+    def unit_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of :func:`unit_gradients`' float64 buffers, in :meth:`carve` order: g_cum (B, T+1, C), the
+        per-sequence transition and duration-bias sums (B, C*C | K*C*C + K*C), g_ps and g_pe (B, T, C) when
+        present."""
+        return unit_shapes(self.B, self.T, self.C, self.K, self.trans_3d, self.ps is not None, self.pe is not None)
+
     def checkpoint_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the training forward's float64 buffers, in :meth:`carve` order: ring checkpoints (B, NCK,
         KR, C), a-value checkpoints (the same; 3-D transitions only), offsets (B, NCK), then the forward's scratch
@@ -179,6 +186,12 @@ def checkpoint_shapes(B: int, T: int, C: int, K: int, trans_3d: bool) -> list[tu
     count, ring = T // checkpoint_interval(T, K) + 1, (B, K + 1, C)
     saved = [(B, count, K + 1, C)] * (2 if trans_3d else 1) + [(B, count)]
     return saved + [ring] * (2 if trans_3d else 1)
+
+
+def unit_shapes(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> list:
+    """:meth:`_Plan.unit_shapes` for K capped at T."""
+    shared = (K * C * C if trans_3d else C * C) + K * C
+    return [(B, T + 1, C), (B, shared)] + [(B, T, C)] * (has_ps + has_pe)
 
 
 def carved_numel(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> int:
@@ -296,12 +309,16 @@ def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Ten
 
 def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
     """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
-    None for an absent projection, in the input dtype. Uses the float64 logZ in ``saved`` (the input-dtype
-    ``logZ`` is not precise enough for the marginals at large T)."""
+    None for an absent projection, in the input dtype: :func:`scale_gradients` of :func:`unit_gradients`. Uses
+    the float64 logZ in ``saved`` (the input-dtype ``logZ`` is not precise enough for the marginals at large T)."""
+    return scale_gradients(call, unit_gradients(call, saved), grad_logZ)
+
+
+def unit_gradients(call: StreamingCall, saved: tuple) -> Tensor:
+    """The backward kernel for grad_logZ = 1: each sequence's gradients of its own logZ, float64, in one flat
+    tensor laid out as :meth:`_Plan.unit_shapes` (g_cum, per-sequence transition and duration-bias sums, g_ps,
+    g_pe). ``saved``: :func:`forward_checkpointed`'s."""
     plan = _plan(call, "log", training=True)
-    dtype, device = plan.cum.dtype, plan.cum.device
-    grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=device)
-    validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
     if not (isinstance(saved, tuple) and len(saved) == 2):
         raise TypeError("saved must be the pair returned by forward_checkpointed")  # verify: unreached (internal)
     logZ64, flat = saved
@@ -309,25 +326,45 @@ def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor)
     validate.shape("saved checkpoints", flat, (carved_numel(shapes, torch.float64),), "(n,)")
     ck_ring, *rest = plan.carve(shapes, torch.float64, flat=flat)
     ck_ring_a, ck_offset = rest[:2] if plan.trans_3d else (None, rest[0])
-    grad_logZ = grad_logZ.to(dtype).contiguous()
 
     S1, KR, B, C = plan.checkpoint_interval + 1, plan.ring_size, plan.B, plan.C
     scratch = [(B, KR, C), (B, S1, C), (B, S1), (B, KR, C)] + [(B, KR, C)] * plan.trans_3d  # all float64 here
     ring, alpha_a, alpha_A, bring, *ring_a = plan.carve(scratch, torch.float64)
-    trans_shape = (plan.K, C, C) if plan.trans_3d else (C, C)
-    trans_numel = math.prod(trans_shape)
-    parts = plan.new(B, trans_numel + plan.K * C, dtype=torch.float64, zero=True)  # per-sequence sums
-    g_cum = plan.new(B, plan.T + 1, C, dtype=dtype, zero=True)
-    g_ps = plan.new(B, plan.T, C, dtype=dtype, zero=True) if plan.ps is not None else None
-    g_pe = plan.new(B, plan.T, C, dtype=dtype, zero=True) if plan.pe is not None else None
+    unit_shapes = plan.unit_shapes()
+    units = plan.new(carved_numel(unit_shapes, torch.float64), dtype=torch.float64, zero=True)
+    g_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=units)
+    g_ps = proj.pop(0) if plan.ps is not None else None
+    g_pe = proj.pop(0) if plan.pe is not None else None
+    trans_numel = parts.shape[1] - plan.K * C
     semicrf_backward_kernel[(B,)](
-        *plan.inputs(), logZ64, grad_logZ, ring, ring_a[0] if ring_a else None, ck_ring, ck_ring_a, ck_offset,
-        alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, parts[:, trans_numel:], parts,
-        *plan.sizes(), **plan.meta(plan.backward_warps))
+        *plan.inputs(), logZ64, torch.ones(B, dtype=torch.float64, device=plan.cum.device), ring,
+        ring_a[0] if ring_a else None, ck_ring, ck_ring_a, ck_offset, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe,
+        parts[:, trans_numel:], parts, *plan.sizes(), **plan.meta(plan.backward_warps))
+    return units
 
-    sums = parts.sum(0).to(dtype)  # fixed order: deterministic
-    # g_dur copied out: the op's outputs must not alias each other
-    g_trans, g_dur = sums[:trans_numel].view(trans_shape), sums[trans_numel:].view(plan.K, C).clone()
+
+def scale_gradients(call: StreamingCall, units: Tensor, grad_logZ: Tensor) -> tuple:
+    """Gradients of Σ_b grad_logZ[b] * logZ[b], as :func:`backward`, from :func:`unit_gradients`'s ``units``: one
+    launch scales each sequence's rows by grad_logZ[b] and sums the transition and duration-bias parts weighted by
+    it over the batch in a fixed order (float64: deterministic), stored in the input dtype."""
+    plan = _plan(call, "log", training=True)
+    B, T, C, K, dtype = plan.B, plan.T, plan.C, plan.K, plan.cum.dtype
+    grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=plan.cum.device)
+    validate.shape("grad_logZ", grad_logZ, (B,), "(B,)")
+    unit_shapes = plan.unit_shapes()
+    validate.shape("units", units, (carved_numel(unit_shapes, torch.float64),), "(n,)")
+    unit_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=units)
+    unit_ps = proj.pop(0) if plan.ps is not None else None
+    unit_pe = proj.pop(0) if plan.pe is not None else None
+    trans_shape = (K, C, C) if plan.trans_3d else (C, C)
+    g_cum = plan.new(B, T + 1, C, dtype=dtype)
+    g_ps = plan.new(B, T, C, dtype=dtype) if unit_ps is not None else None
+    g_pe = plan.new(B, T, C, dtype=dtype) if unit_pe is not None else None
+    g_trans, g_dur = plan.new(*trans_shape, dtype=dtype), plan.new(K, C, dtype=dtype)
+    W = parts.shape[1]
+    semicrf_scale_kernel[(B + triton.cdiv(W, SCALE_BLOCK),)](
+        unit_cum, unit_ps, unit_pe, parts, grad_logZ.contiguous(), g_cum, g_ps, g_pe, g_trans, g_dur, B,
+        (T + 1) * C, T * C, W, W - K * C, HAS_PS=g_ps is not None, HAS_PE=g_pe is not None, BLOCK=SCALE_BLOCK)
     if plan.trans_3d:
         g_trans = pad_duration_rows(g_trans, plan.K_requested)
     return g_cum, g_trans, pad_duration_rows(g_dur, plan.K_requested), g_ps, g_pe
