@@ -59,10 +59,8 @@ def _first_max(va, ia, vb, ib):
     """Combine of (value, arg) pairs: the later pair (b) wins when a holds no row (arg BIG), or when b holds a row
     and ranks higher (NaN above every number, then the larger value, then on equal values the lower arg). A total
     order, so any reduction order gives the same pair."""
-    a_nan = va != va
-    b_nan = vb != vb
-    tie = (va == vb) | (a_nan & b_nan)
-    higher = (b_nan & ~a_nan) | (vb > va) | (tie & (ib < ia))
+    tie = (va == vb) | ((va != va) & (vb != vb))
+    higher = _beats(va, vb) | (tie & (ib < ia))
     b_wins = (ia == BIG) | ((ib < BIG) & higher)
     return tl.where(b_wins, vb, va), tl.where(b_wins, ib, ia)
 

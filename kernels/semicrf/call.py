@@ -11,7 +11,8 @@ Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conven
 - ``duration_bias`` (K, C): row ``d-1`` for duration ``d``; durations are 1..K, **K inclusive**.
 - ``proj_start``, ``proj_end`` (B, T, C), each optional: scores for a segment starting / ending at a position.
 - ``transition``, ``duration_bias``, ``proj_start`` and ``proj_end`` may hold -inf to forbid a choice; NaN and
-  +inf are rejected everywhere, and ``cum_scores`` must be finite.
+  +inf are rejected everywhere, and ``cum_scores`` must be finite. Rejected means a named ``ValueError`` in host
+  mode and NaN results in device mode (the site page "Host syncs and value checks" says which, and where).
 - ``lengths`` (B,) int32/int64 with 1 <= L <= T.
 - A segment [s, s+d) with label c scores ``cum[s+d, c] - cum[s, c] + duration_bias[d-1, c] + proj_start[s, c]
   + proj_end[s+d-1, c]``; every segment after the first also pays ``trans(d)[c_prev, c]``.

@@ -161,8 +161,9 @@ def semi_crf_streaming_forward(
     with no segmentation of finite score (e.g. every transition -inf) gets -inf and zero gradients. Works under
     ``torch.compile(fullgraph=True)``, CUDA-graph capture and with meta/fake tensors (custom ops); not under
     ``torch.func`` transforms (a clear error). Value errors (NaN/+inf, lengths out of range) follow the host-sync
-    policy (site page "Host syncs and value checks"): a named ``ValueError`` on the CPU, NaN outputs and gradients
-    on CUDA and under compile/capture.
+    policy (site page "Host syncs and value checks"): a named ``ValueError`` on the CPU; on CUDA and under
+    compile/capture NaN outputs and gradients, for the spoiled sequences only on the Triton backend (its kernels
+    check each sequence), for the whole batch on the PyTorch one.
     """
     call = make_call("partition", cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
                      use_triton)

@@ -30,19 +30,24 @@ float64 throughout.
 
 Guards: -inf transitions / duration biases never give NaN (every logsumexp shift is guarded); a sequence with no
 segmentation of finite score gets logZ = -inf and zero gradients; its Viterbi score is -inf with some valid
-segmentation.
+segmentation. Value checks: the forward kernel checks each sequence's values and length (module docstring of
+:mod:`~provable_kernels.semicrf.triton_forward`); a failed check gives that sequence NaN, every kernel clamps
+lengths into 1..T.
 
 Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T, S = ceil(sqrt(T*(K+1)))):
 
 - ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
 - ``forward_checkpointed`` saves the ring every S steps: (T//S + 1)*(K+1)*C float64 (+ as many float64 a-values
   for 3-D transitions).
-- ``backward`` adds an interval buffer (S+1)*C, rings 3*(K+1)*C and float64 per-sequence partial sums
-  K*C + C*C (3-D: K*C*C): O(sqrt(T*K)*C + K*C) besides the gradients themselves (O(K*C*C) with 3-D transitions).
+- ``unit_gradients`` (the backward kernel) adds an interval buffer (S+1)*C and rings 3*(K+1)*C, and returns the
+  sequence's float64 gradients for grad_logZ = 1: (T+1)*C (+ 2*T*C with both projections) and the partial sums
+  K*C + C*C (3-D: K*C + K*C*C). The training route keeps these from the forward to the backward
+  (:mod:`~provable_kernels.semicrf.autograd`), O(T*C + K*C*C) per sequence, like the gradients themselves.
+- ``scale_gradients`` writes the gradients (the inputs' sizes).
 - ``viterbi``: backpointers 2*(T+1)*C int32.
 
-Determinism: no atomics; each program writes its own rows and its own partial sums, summed over the batch on the
-host in a fixed order, so repeated runs give bitwise-identical gradients.
+Determinism: no atomics; each program writes its own rows and its own partial sums; the scaling kernel sums those
+over the batch in a fixed order, so repeated runs give bitwise-identical gradients.
 """
 from __future__ import annotations
 
