@@ -388,3 +388,20 @@ def test_device_mode_kernels_poison_exactly_the_spoiled_sequences(name, where, b
             for per_sequence in (0, 3, 4):
                 assert torch.equal(got_grads[per_sequence][kept], want_grads[per_sequence][kept]), \
                     f"{semiring}: {NAMES[per_sequence]} gradient of the kept sequences"
+
+
+def test_repeated_launches_are_bitwise_equal_across_signatures():
+    """The kernels launch through provable_kernels.launch (on a GPU: the compiled kernel, cached per argument
+    signature, from the second call of a signature on): repeated and interleaved calls of different shapes, a
+    non-contiguous input and both semirings give bitwise the first call's results, which match the oracle."""
+    first = make_case(B=2, T=4, K=2, C=3, variable=True, seed=11).to(torch.float32, DEVICE)
+    second = make_case(B=3, T=17, K=3, C=2, trans3d=True, proj_start=True, seed=12).to(torch.float32, DEVICE)
+    results = {}
+    for _ in range(3):
+        for name, case in (("first", first), ("second", second)):
+            for semiring in ("log", "max"):
+                value = case.forward(semiring)
+                key = (name, semiring)
+                assert torch.equal(value, results.setdefault(key, value)), key
+    assert_close(results["first", "log"], torch.tensor(oracle.log_partition(first.oracle_scores()), dtype=F64),
+                 1e-5, "logZ after cached launches")

@@ -63,6 +63,7 @@ from torch import Tensor
 
 from provable_kernels import alloc, validate
 from provable_kernels.dispatch import triton_usable
+from provable_kernels.launch import launcher
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
 from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel, semicrf_scale_kernel
@@ -283,7 +284,7 @@ def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Option
     ring, ring_a = plan.rings() if rings is None else rings
     ck = checkpoints if checkpoints is not None else (None, None, None)
     bp = backpointers if backpointers is not None else (None, None, None)
-    semicrf_forward_kernel[(plan.B,)](
+    launcher(semicrf_forward_kernel)[(plan.B,)](
         *plan.inputs(), out, ring, ring_a, *ck, *bp, *plan.sizes(), LOG=log, SAVE_CKPT=checkpoints is not None,
         WRITE_BP=backpointers is not None, CT=chain, **plan.meta(plan.warps))
     return out
@@ -341,7 +342,7 @@ def unit_gradients(call: StreamingCall, saved: tuple) -> Tensor:
     g_ps = proj.pop(0) if plan.ps is not None else None
     g_pe = proj.pop(0) if plan.pe is not None else None
     trans_numel = parts.shape[1] - plan.K * C
-    semicrf_backward_kernel[(B,)](
+    launcher(semicrf_backward_kernel)[(B,)](
         *plan.inputs(), logZ64, torch.ones(B, dtype=torch.float64, device=plan.cum.device), ring,
         ring_a[0] if ring_a else None, ck_ring, ck_ring_a, ck_offset, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe,
         parts[:, trans_numel:], parts, *plan.sizes(), **plan.meta(plan.backward_warps))
@@ -367,7 +368,7 @@ def scale_gradients(call: StreamingCall, units: Tensor, grad_logZ: Tensor) -> tu
     g_pe = plan.new(B, T, C, dtype=dtype) if unit_pe is not None else None
     g_trans, g_dur = plan.new(*trans_shape, dtype=dtype), plan.new(K, C, dtype=dtype)
     W = parts.shape[1]
-    semicrf_scale_kernel[(B + triton.cdiv(W, SCALE_BLOCK),)](
+    launcher(semicrf_scale_kernel)[(B + triton.cdiv(W, SCALE_BLOCK),)](
         unit_cum, unit_ps, unit_pe, parts, grad_logZ.contiguous(), g_cum, g_ps, g_pe, g_trans, g_dur, B,
         (T + 1) * C, T * C, W, W - K * C, HAS_PS=g_ps is not None, HAS_PE=g_pe is not None, BLOCK=SCALE_BLOCK)
     if plan.trans_3d:
@@ -385,6 +386,6 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     scores = _forward(plan, False, plan.cum.dtype, backpointers=(bp_dur, bp_prev, last_label))
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
-    semicrf_backtrack_kernel[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
+    launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
                                        plan.C, PREV_BY_START=not plan.trans_3d, num_warps=1)
     return ViterbiPath(scores, durations, labels)

@@ -1,0 +1,69 @@
+"""Launching a ``@triton.jit`` kernel again without Triton's per-call argument binding.
+
+``kernel[grid](*args, **meta)`` binds every argument, computes its specialization (dtype and 16-byte alignment of
+each pointer, range, ``== 1`` and divisibility by 16 of each integer) and looks the compiled kernel up: 20-50 us
+of host time per launch on the lent H100 hosts for a kernel with some thirty arguments, more than a short
+semi-CRF kernel runs (``benchmarks/NOTES-semicrf.md``). :class:`Launcher` keys a cache on a superset of those
+properties, computed directly, and launches the compiled kernel Triton returned for that key through its own
+launcher (``CompiledKernel[grid](*every parameter)``, as the code ``torch.compile`` generates does): the same
+binary, the same arguments, so bitwise the same results. The first call of a key, and every call under the
+Triton interpreter, goes through ``kernel[grid]`` itself.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import triton
+
+def _spec(arg: Any) -> Any:
+    """What Triton may specialize ``arg`` on (a superset): a tensor's dtype, device and 16-byte alignment; an int's
+    width (32-bit signed, 64-bit signed, 64-bit unsigned), ``== 1`` and divisibility by 16; a float's type; other
+    values themselves (None, bools, dtypes)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.get_device(), arg.data_ptr() % 16 == 0
+    if type(arg) is int:
+        width = 0 if -2**31 <= arg < 2**31 else 1 if -2**63 <= arg < 2**63 else 2
+        return int, width, arg == 1, arg % 16 == 0
+    if type(arg) is float:
+        return float
+    return type(arg), arg
+
+
+class Launcher:
+    """``Launcher(kernel)[grid](*args, **meta)`` launches ``kernel`` as ``kernel[grid](*args, **meta)`` does:
+    ``args`` its leading parameters in order, ``meta`` the remaining (constexpr) ones by name and the launch
+    options (``num_warps``, ``num_stages``)."""
+
+    def __init__(self, kernel: Any):
+        self.kernel = kernel
+        self.compiled = isinstance(kernel, triton.runtime.JITFunction)  # not under the interpreter
+        self.names = list(inspect.signature(kernel.fn).parameters) if self.compiled else []
+        self.cache: dict = {}
+
+    def __getitem__(self, grid: tuple) -> Any:
+        return lambda *args, **meta: self._launch(grid, args, meta)
+
+    def _launch(self, grid: tuple, args: tuple, meta: dict) -> None:
+        if not self.compiled:  # verify: unreached (the interpreter runs kernel[grid] itself; tests)
+            self.kernel[grid](*args, **meta)
+            return
+        key = (tuple(map(_spec, args)), tuple((name, _spec(value)) for name, value in meta.items()))
+        compiled = self.cache.get(key)
+        if compiled is None:
+            self.cache[key] = self.kernel[grid](*args, **meta)
+            return
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        compiled[grid](*args, *(meta[name] for name in self.names[len(args):]))
+
+
+_LAUNCHERS: dict[Any, Launcher] = {}
+
+
+def launcher(kernel: Any) -> Launcher:
+    """The :class:`Launcher` of ``kernel`` (one per kernel object, made at its first launch)."""
+    found = _LAUNCHERS.get(kernel)
+    if found is None:
+        found = _LAUNCHERS[kernel] = Launcher(kernel)
+    return found
