@@ -33,8 +33,8 @@ def _spec(arg: Any) -> Any:
 
 class Launcher:
     """``Launcher(kernel)[grid](*args, **meta)`` launches ``kernel`` as ``kernel[grid](*args, **meta)`` does:
-    ``args`` its leading parameters in order, ``meta`` the remaining (constexpr) ones by name and the launch
-    options (``num_warps``, ``num_stages``)."""
+    ``args`` its leading (runtime) parameters in order, keyed by :func:`_spec`; ``meta`` the remaining (constexpr)
+    ones by name and the launch options (``num_warps``, ``num_stages``), keyed by their exact values."""
 
     def __init__(self, kernel: Any):
         self.kernel = kernel
@@ -49,7 +49,7 @@ class Launcher:
         if not self.compiled:  # verify: unreached (the interpreter runs kernel[grid] itself; tests)
             self.kernel[grid](*args, **meta)
             return
-        key = (tuple(map(_spec, args)), tuple((name, _spec(value)) for name, value in meta.items()))
+        key = (tuple(map(_spec, args)), tuple(meta.items()))  # constexprs and options: their exact values
         compiled = self.cache.get(key)
         if compiled is None:
             self.cache[key] = self.kernel[grid](*args, **meta)

@@ -17,6 +17,32 @@ def test_spec_separates_what_triton_specializes_on():
     assert launch._spec(None) != launch._spec(False)
 
 
+def test_constexprs_key_by_value():
+    """A first version keyed constexpr ints like runtime ints (CP = 4 and CP = 8 alike) and relaunched a kernel
+    compiled for another label count: sentinel verify's marginal property caught it on the GPU."""
+    class Compiled:
+        def __init__(self):
+            self.launched = []
+
+        def __getitem__(self, grid):
+            return lambda *args: self.launched.append(args)
+
+    class Kernel:  # stands in for the JITFunction: kernel[grid](...) compiles and returns the compiled kernel
+        def __init__(self):
+            self.compiles = []
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: self.compiles.append(meta) or Compiled()
+
+    runner = launch.Launcher.__new__(launch.Launcher)
+    runner.kernel, runner.compiled, runner.names, runner.cache = Kernel(), True, ["x", "CP"], {}
+    runner._launch((1,), (3,), {"CP": 4})  # compiles
+    runner._launch((1,), (5,), {"CP": 4})  # same key: the compiled kernel, every parameter in order
+    runner._launch((1,), (3,), {"CP": 8})  # another constexpr value: compiles again
+    assert runner.kernel.compiles == [{"CP": 4}, {"CP": 8}]
+    assert runner.cache[((launch._spec(3),), (("CP", 4),))].launched == [(5, 4)]
+
+
 def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():
     calls = []
 
