@@ -159,5 +159,7 @@ ADAPTER = Adapter(
     order=lambda c: (c["semiring"], c["T"] * c["K"], c["B"] * c["C"]),
     packages=("flash-semicrf", "torch-struct"),
     notes=("fp32 inputs, lengths = T, 2-D transition; peers' inputs mapped to this project's model (untimed)",
-           "memory per state-position = peak / (B*T*K*C)"),
+           "memory per state-position = peak / (B*T*K*C)",
+           "ours (triton) runs its backward kernel inside the forward of a training call and its backward only "
+           "scales the saved gradients: compare the 'both' rows, not 'backward'"),
 )
