@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import triton
 
-def _spec(arg: Any) -> Any:
+def _spec(arg: Any) -> Any:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
     """What Triton may specialize ``arg`` on (a superset): a tensor's dtype, device and 16-byte alignment; an int's
     width (32-bit signed, 64-bit signed, 64-bit unsigned), ``== 1`` and divisibility by 16; a float's type; other
     values themselves (None, bools, dtypes)."""
@@ -46,9 +46,14 @@ class Launcher:
         return lambda *args, **meta: self._launch(grid, args, meta)
 
     def _launch(self, grid: tuple, args: tuple, meta: dict) -> None:
-        if not self.compiled:  # verify: unreached (the interpreter runs kernel[grid] itself; tests)
+        if not self.compiled:  # the Triton interpreter: kernel[grid] itself
             self.kernel[grid](*args, **meta)
             return
+        # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
+        self._launch_compiled(grid, args, meta)
+
+    # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
+    def _launch_compiled(self, grid: tuple, args: tuple, meta: dict) -> None:
         key = (tuple(map(_spec, args)), tuple(meta.items()))  # constexprs and options: their exact values
         compiled = self.cache.get(key)
         if compiled is None:

@@ -73,6 +73,7 @@ def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:  # verify: unreach
 # ----------------------------------------------------------------------------------------------------- ops
 
 
+# verify: unreached (the op's own body: plain eager calls run the backend directly; compile, fake tensors, opcheck)
 def _partition_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                     pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
     return _module(backend).partition(_call(backend, cum, trans, dur, lengths, ps, pe, K, semiring))

@@ -109,14 +109,15 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
         raise RuntimeError(TRANSFORMS_HINT)
     dtype, K, cast = _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
     device, T1, C = cum_scores.device, cum_scores.shape[1], cum_scores.shape[2]
-    if cast:
+    if cast:  # verify: unreached (mixed-dtype arguments: tests/test_semicrf_training.py, the GPU script's mixed section)
         cum_scores, transition, duration_bias, proj_start, proj_end = (
             x if x is None or x.dtype == dtype else x.to(dtype)
             for x in (cum_scores, transition, duration_bias, proj_start, proj_end))
     floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
     fused_failed = False
     if triton_runs(use_triton, device, C):
-        if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):  # the kernels check
+        # verify: unreached (device mode, where the kernels check: CUDA calls by default; tests on the CPU)
+        if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
             return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
         if fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
             if bool(fused_checks.check_values(floats, lengths, 1, T1 - 1)):  # every value right
@@ -149,7 +150,7 @@ def _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_star
     if found is None:
         found = _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
         if key is not None:
-            if len(_VALIDATED) >= _VALIDATED_MAX:
+            if len(_VALIDATED) >= _VALIDATED_MAX:  # verify: unreached (more signatures than that in one process)
                 _VALIDATED.clear()
             _VALIDATED[key] = found
     return found

@@ -313,6 +313,7 @@ def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Ten
     return logZ.to(plan.cum.dtype), (logZ, flat)
 
 
+# verify: unreached (for direct callers: benchmarks/semicrf_gpu_check.py, tests; the routes call its two parts)
 def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
     """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
     None for an absent projection, in the input dtype: :func:`scale_gradients` of :func:`unit_gradients`. Uses
