@@ -61,7 +61,7 @@ def oracle_grads(case, semiring="log"):
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_opcheck_every_op(backend):
     """Schema, fake implementation, autograd registration and AOT dispatch (compile) of each op; the second
-    sequence is short, so some checkpoint slots stay unwritten (outputs must still be deterministic)."""
+    sequence is short, so some rows of the saved gradients stay unwritten (outputs must still be deterministic)."""
     case = dataclasses.replace(semicrf_case(B=2, T=5, K=2, C=2, dtype=torch.float32, proj_start=True, seed=1),
                                lengths=torch.tensor([5, 2]))
     cum, trans, dur, ps, pe = [None if t is None else t.detach() for t in case.tensors]

@@ -1,6 +1,6 @@
 """Every public entry point is a verified route: the head's and the exact backend's trees, a family with several
-trees in sentinel (routes, trace groups, recording), and bugs planted in the head's loss and in a Triton checkpoint
-offset that ``sentinel verify`` must catch, naming the route and the check."""
+trees in sentinel (routes, trace groups, recording), and bugs planted in the head's loss and in a Triton kernel's
+per-sequence offset that ``sentinel verify`` must catch, naming the route and the check."""
 from __future__ import annotations
 
 import dataclasses
@@ -105,16 +105,16 @@ def scratch_repository(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plants the bug in the interpreted Triton code (CPU)")
-def test_checkpoint_offset_of_the_second_sequence_fails_the_triton_training_route(tmp_path):
-    """Off by one in where the forward kernel stores the ring checkpoints after step k S (k >= 1) of sequences
-    b >= 1 (sequence 1 writes over its own first one): sequence 0 is untouched, and only a second sequence that
-    crosses a checkpoint (the small case: T = 20, checkpoints every 9 steps, lengths 20, 13, 1) shows it."""
+def test_alpha_offset_of_the_later_sequences_fails_the_triton_training_route(tmp_path):
+    """Off by one row in where the training forward keeps alpha for the backward kernel, for sequences b >= 1 (row
+    t of sequence b lands where the backward reads row t - b): sequence 0 is untouched, so only a check with a
+    second sequence (the small case: lengths 20, 13, 1) shows it."""
     repo, env = scratch_repository(tmp_path)
     kernel = repo / "kernels" / "semicrf" / "triton_forward.py"
     source = kernel.read_text()
-    old = "copy_block(ring, ck_ring + (b * NCK + k) * KR * C, KR * C, DB * CP)"
+    old = "alpha_a += b * (T + 1) * C"
     assert source.count(old) == 1
-    kernel.write_text(source.replace(old, "copy_block(ring, ck_ring + (b * (NCK - 1) + k) * KR * C, KR * C, DB * CP)"))
+    kernel.write_text(source.replace(old, "alpha_a += b * T * C"))
     done = subprocess.run([sys.executable, "-m", "kernel_sentinel.cli", "verify", "--family", "semicrf", "--route",
                            "semicrf.triton.log.train", "--dtype", "float64", "--examples", "1", "--device", "cpu"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

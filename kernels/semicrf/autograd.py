@@ -7,13 +7,13 @@ and meta / fake tensors get the right output shapes without running anything:
 
 - ``semicrf_partition(cum, trans, dur, lengths, ps, pe, K, semiring, backend) -> (B,)``: logZ or the best score,
   no gradient (inference routes).
-- ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), *saved]``: logZ with what
-  the backward needs; differentiable through ``semicrf_log_backward``. Triton: the forward kernel, then at once
-  the backward kernel for grad_logZ = 1, whose per-sequence float64 gradients are saved (one flat tensor: g_cum
-  (B, T+1, C), the transition and duration-bias sums per sequence, g_ps, g_pe when present), so that the
-  backward is one launch that scales them by grad_logZ: it runs on autograd's device thread, where a launch
-  costs about twice the host time of the caller's thread (benchmarks/NOTES-semicrf.md). torch: the float64
-  logZ; the backward recomputes its checkpoints.
+- ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), saved]``: logZ with what
+  the backward needs (not differentiable itself); differentiable through ``semicrf_log_backward``. Triton: the
+  forward kernel, then at once the backward kernel for grad_logZ = 1, whose per-sequence float64 gradients are
+  saved (one flat tensor: g_cum (B, T+1, C), the transition and duration-bias sums per sequence, g_ps, g_pe when
+  present), so that the backward is one launch that scales them by grad_logZ: it runs on autograd's device
+  thread, where a launch costs about twice the host time of the caller's thread (benchmarks/NOTES-semicrf.md).
+  torch: the float64 logZ; the backward recomputes its checkpoints.
 - ``semicrf_log_backward(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend) -> [g_cum, g_trans, g_dur,
   (g_ps), (g_pe)]``: the hand-written backward. It is first order only: differentiating it again (a gradient
   penalty, ``create_graph=True`` then ``backward``) raises :class:`SecondOrderError`, never a silent zero.
@@ -89,8 +89,7 @@ def _log_forward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, 
     if _module(backend) is torch_ops:  # saved: the float64 logZ (the checkpoints' count depends on the lengths' values)
         logZ, (logZ64, _) = torch_ops.forward_checkpointed(call)
         return [logZ.clone() if logZ.dtype == torch.float64 else logZ, logZ64]  # op outputs must not alias
-    logZ, checkpoints = triton_ops.forward_checkpointed(call)
-    return [logZ, triton_ops.unit_gradients(call, checkpoints)]  # the backward kernel, now (module docstring)
+    return list(triton_ops.train_forward(call))  # logZ, saved: the backward kernel runs now (module docstring)
 
 
 def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
@@ -108,7 +107,7 @@ def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor,
     if _module(backend) is torch_ops:
         grads = torch_ops.backward(call, torch_ops.forward_checkpointed(call)[1], None, grad)
     else:
-        grads = triton_ops.scale_gradients(call, saved[0], grad)
+        grads = triton_ops.backward(call, saved[0], grad)
     return [g for g in grads if g is not None]
 
 
@@ -134,9 +133,13 @@ def _setup_log_forward(ctx, inputs, output) -> None:
     cum, trans, dur, lengths, ps, pe, K, backend = inputs
     ctx.K, ctx.backend = K, backend
     ctx.save_for_backward(cum, trans, dur, lengths, ps, pe, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])  # what the backward needs, not a result
+    ctx.set_materialize_grads(False)  # no zero gradient of that size allocated for the backward (host time)
 
 
 def _log_forward_backward(ctx, grads):
+    if grads[0] is None:  # verify: unreached (logZ is the only differentiable output: a backward comes through it)
+        return (None,) * 8
     cum, trans, dur, lengths, ps, pe, *saved = ctx.saved_tensors
     found = iter(_log_backward_op(cum, trans, dur, lengths, ps, pe, saved, grads[0], ctx.K, ctx.backend))
     g_cum, g_trans, g_dur = next(found), next(found), next(found)

@@ -77,7 +77,8 @@ def triton_partition_infer(call: StreamingCall) -> torch.Tensor:
 
 
 def triton_log_train(call: StreamingCall) -> torch.Tensor:
-    """Triton forward saving ring-buffer checkpoints; hand-written Triton backward (log semiring)."""
+    """Triton forward keeping alpha, then the hand-written backward kernel for grad_logZ = 1 at once; the
+    autograd backward scales those gradients (one launch; log semiring)."""
     return autograd.log_partition("triton", call)
 
 

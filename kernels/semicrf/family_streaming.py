@@ -48,9 +48,9 @@ class CaseShape:
 
 # 2-D transitions, and 3-D ones in the small case of the training routes (make_case): the default run checks both
 # against the references and oracles; --quick (all tiny) sees 3-D transitions in the properties' random shapes
-# only. The small case reaches every kernel line (`sentinel verify --coverage`): unequal lengths, and T = 20 with
-# K = 3 puts a checkpoint every 9 steps, so the training routes cross several checkpoint intervals, in the second
-# sequence too, with a 3-D transition and both projections.
+# only. The small case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the outside
+# recursion starts at each sequence's own length, and a per-sequence offset error shows only in sequences b >= 1),
+# a 3-D transition on the training routes and both projections.
 SIZES = {
     "small": CaseShape(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=False, proj_start=True, proj_end=True),
     "tiny": CaseShape(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True),

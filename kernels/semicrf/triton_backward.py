@@ -5,27 +5,28 @@ Outside recursion (beta[L, ·] = 0):
     beta[s, c'] = ⊕_{d, c: s+d <= L} trans(d)[c', c] + seg(s, d, c) + beta[s+d, c],
 
 segment marginals P(s, d, c', c) = exp(alpha[s, c'] + trans(d)[c', c] + seg(s, d, c) + beta[s+d, c] - logZ)
-(s = 0: exp(seg + beta - logZ)) and from them, each multiplied by grad_logZ[b]:
+(s = 0: exp(seg + beta - logZ)) and from them:
 
     g_cum[t, c] = ends(t, c) - starts(t, c),  g_ps[s, c] = starts(s, c),  g_pe[t-1, c] = ends(t, c),
     g_dur[d-1, c] = Σ_s Σ_c' P(s, d, c', c),  g_trans = Σ_s Σ_d P (2-D) or Σ_s P per d (3-D),
 
 with ends(t, c) = exp(alpha[t, c] + beta[t, c] - logZ) and starts(s, c) = Σ_d Σ_c' P(s, d, c', c).
 
-Memory: the forward saved its ring every S steps (``ck_ring``). The program walks the intervals (kS, (k+1)S] from
-the last to the first: it restores the ring of step kS, recomputes alpha over the interval with the forward's own
-step (float64 offsets + input-dtype values into a (S+1, C) buffer), then runs the outside recursion down the interval
-with its own ring of float64 entries ``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots).
+Input: the forward (``SAVE_ALPHA``) kept every position's a[t] = alpha[t] - A[t] and float64 offset A[t]; the
+program runs the outside recursion from s = L-1 down to 0 over them, with its own ring of float64 entries
+``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots). The kernel computes each sequence's gradients of its
+own logZ (grad_logZ = 1); :func:`semicrf_scale_kernel` multiplies them by grad_logZ.
 
 Precision: as in :mod:`provable_kernels.semicrf.triton_forward`: the outside recursion's logsumexps run in float64 on
 ``X = W[s+d] + ps[s] - cum[s] - M + dur`` (M = max beta[s+1], the carried float64 reference). The marginals are
-exponentials of input-dtype numbers that are O(1) for the terms that matter (X, a[s] = alpha relative to its max
-A[s], ``G = A[s] + M - logZ``). The duration / transition sums accumulate in the input dtype within one
-checkpoint interval and in float64 across intervals, so their rounding does not grow with T.
+exponentials of working-dtype (``FT``: float64 on the training route) numbers that are O(1) for the terms that
+matter (X, a[s] = alpha relative to its max A[s], ``G = A[s] + M - logZ``). The duration / transition sums
+accumulate in float64.
 
 Determinism: each program writes only its own rows of g_cum / g_ps / g_pe and its own (b, ...) float64 partial
 sums for duration_bias and transition (from registers, or for duration chunks >= 1 / 3-D transitions a
-per-sequence buffer updated by the thread that owns each element); the host sums them over b in a fixed order.
+per-sequence buffer updated by the thread that owns each element); the scaling kernel sums them over b in a
+fixed order.
 No atomics.
 """
 from __future__ import annotations
@@ -37,8 +38,6 @@ from provable_kernels.triton_math import logsumexp, lse_merge, lse_parts, lse_sh
 
 from provable_kernels.semicrf.triton_forward import (
     SIZES,
-    alpha_step,
-    copy_block,
     dur_chunk,
     load_constants,
     position_inputs,
@@ -60,8 +59,8 @@ def _outside_chunk(s, M, G, g, kmax, d, h, a_s, incoming, KR, C, bring, dur_k, t
     """Segments [s, s+d) for a chunk of durations d (DB,). Returns (max (float64), sum exp) of the online
     logsumexp (2-D: of seg + beta - M over d per c; 3-D: of trans(d) + seg + beta - M over (d, c) per c'), the
     marginals Σ_c' P(s, d, c', c) (DB, CP) and, for 3-D, their sum over d (2-D: 0). 3-D: adds P to the
-    per-sequence transition gradient buffer, times g = grad_logZ[b] (not at s = 0, where the first segment pays
-    no transition)."""
+    per-sequence transition gradient buffer, times g (0 for a dead sequence, else 1; not at s = 0, where the first
+    segment pays no transition)."""
     slot, ok = ring_rows(s + d, d, kmax, KR, cols, cmask)
     w = tl.load(bring + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
     x64 = tl.where(ok, w + h[None, :] - M + dur_k.to(tl.float64), float("-inf"))  # seg(s, d, c) + beta[s+d, c] - M
@@ -92,7 +91,7 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
              DB: tl.constexpr, NCHUNK: tl.constexpr):
     """Segments starting at s: returns (starts(s) (CP,), beta[s] - M (CP,) float64, dur_acc, trans_acc). The
     duration gradient of chunk 0 accumulates in ``dur_acc`` (registers), of later chunks in the per-sequence
-    float64 buffer (times g = grad_logZ[b]); the 2-D transition gradient in ``trans_acc`` (skipped at s = 0,
+    float64 buffer (times g); the 2-D transition gradient in ``trans_acc`` (skipped at s = 0,
     ``first``).
 
     ``h = ps[s] - cum[s]`` (float64), ``a_s = alpha[s] - A[s]``, ``G = A[s] + M - logZ`` (A[0] = 0)."""
@@ -130,29 +129,27 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
 
 @triton.jit(do_not_specialize=SIZES)
 def semicrf_backward_kernel(
-    cum, trans, dur, ps, pe, lengths, logz, grad,  # inputs as in the forward; logZ (B,) float64, grad_logZ (B,)
-    ring, ring_a, ck_ring, ck_ring_a, ck_offset,  # forward scratch rings and the forward's checkpoints
-    alpha_a, alpha_A,  # interval buffers: (B, S+1, C) a-values, (B, S+1) float64 offsets
+    cum, trans, dur, ps, pe, lengths, logz,  # inputs as in the forward; logZ (B,) float64
+    alpha_a, alpha_A,  # the forward's a[t] (B, T+1, C) and float64 offsets A[t] (B, T+1) (its SAVE_ALPHA)
     bring,  # (B, KR, C) float64 outside ring
     g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2, zero-filled
-    g_dur, g_trans,  # float64 per-sequence sums x grad_logZ[b], zero-filled: row b of a (B, C*C | K*C*C + K*C)
-                     # buffer holds its transition sums at g_trans and its (K, C) duration sums right after, at g_dur
-    T, K, KR, S, NCK, C,
+    g_dur, g_trans,  # float64 per-sequence sums, zero-filled: row b of a (B, C*C | K*C*C + K*C) buffer
+                     # holds its transition sums at g_trans and its (K, C) duration sums right after, at g_dur
+    T, K, KR, C,
     TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     FT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
-    """One program per sequence: recompute alpha interval by interval, run the outside recursion, write
-    gradients (see the module docstring)."""
+    """One program per sequence: the outside recursion over the forward's alpha, writing the sequence's gradients
+    of its own logZ (grad_logZ = 1; zero when logZ = -inf). See the module docstring."""
     b = tl.program_id(0).to(tl.int64)
     L = tl.minimum(tl.maximum(tl.load(lengths + b), 1), T).to(tl.int32)  # clamped as in the forward
     logZ = tl.load(logz + b)
     dead = logZ == float("-inf")  # no finite segmentation: zero gradients
-    g = tl.where(dead, 0.0, tl.load(grad + b).to(FT))
+    g = tl.where(dead, 0.0, 1.0).to(FT)
     logZ = tl.where(dead, 0.0, logZ)
     cum += b * (T + 1) * C
-    ring += b * KR * C
-    alpha_a += b * (S + 1) * C
-    alpha_A += b * (S + 1)
+    alpha_a += b * (T + 1) * C
+    alpha_A += b * (T + 1)
     bring += b * KR * C
     g_cum += b * (T + 1) * C
     if HAS_PS:
@@ -161,85 +158,55 @@ def semicrf_backward_kernel(
     if HAS_PE:
         pe += b * T * C
         g_pe += b * T * C
-    if TRANS_3D:
-        ring_a += b * KR * C
     part = (K * C * C if TRANS_3D else C * C) + K * C  # a sequence's row of the partial sums (one buffer)
     g_dur += b * part
     g_trans += b * part
     cols = tl.arange(0, CP)
     cmask = cols < C
     dur0, trans0 = load_constants(trans, dur, K, C, cols, cmask, TRANS_3D, DB)
-    dur_total = tl.zeros((DB, CP), tl.float64)  # register sums: float32 within an interval, float64 across
-    trans_total = tl.zeros((CP, CP), tl.float64)
+    dur_acc = tl.zeros((DB, CP), tl.float64)  # register sums
+    trans_acc = tl.zeros((CP, CP), tl.float64)
     M = tl.zeros((), tl.float64)
 
-    n_intervals = (L + S - 1) // S
-    for j in range(n_intervals):
-        k = n_intervals - 1 - j
-        first_t = k * S
-        last_t = tl.minimum(first_t + S, L)
-        # restore the forward ring after step first_t and recompute alpha over (first_t, last_t]
-        tl.debug_barrier()
-        copy_block(ck_ring + (b * NCK + k) * KR * C, ring, KR * C, DB * CP)
-        if TRANS_3D:
-            copy_block(ck_ring_a + (b * NCK + k) * KR * C, ring_a, KR * C, DB * CP)
-        R = tl.load(ck_offset + b * NCK + k)
-        tl.debug_barrier()
-        cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, first_t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-        for t in range(first_t + 1, last_t + 1):
-            cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-            R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, None,
-                              None, cols, cmask, True, TRANS_3D, False, FT, DB, NCHUNK)
-            tl.store(alpha_a + (t - first_t) * C + cols, a.to(FT), mask=cmask)
-            tl.store(alpha_A + t - first_t, R)
-            cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
-        tl.debug_barrier()
+    # position L: beta[L] = 0, a segment ends there with probability exp(alpha[L] - logZ)
+    a_L = tl.load(alpha_a + L * C + cols, mask=cmask, other=float("-inf"))
+    ends = g * tl.exp(a_L + (tl.load(alpha_A + L) - logZ).to(FT))
+    tl.store(g_cum + L * C + cols, ends, mask=cmask)
+    if HAS_PE:
+        tl.store(g_pe + (L - 1) * C + cols, ends, mask=cmask)
+    cum_L, ps_L, pe_L = position_inputs(cum, ps, pe, L, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+    tl.store(bring + (L % KR) * C + cols, cum_L + pe_L, mask=cmask)
+    tl.debug_barrier()
 
-        if j == 0:  # position L: beta[L] = 0, a segment ends there with probability exp(alpha[L] - logZ)
-            a_L = tl.load(alpha_a + (L - first_t) * C + cols, mask=cmask, other=float("-inf"))
-            ends = g * tl.exp(a_L + (tl.load(alpha_A + L - first_t) - logZ).to(FT))
-            tl.store(g_cum + L * C + cols, ends, mask=cmask)
-            if HAS_PE:
-                tl.store(g_pe + (L - 1) * C + cols, ends, mask=cmask)
-            cum_L, ps_L, pe_L = position_inputs(cum, ps, pe, L, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-            tl.store(bring + (L % KR) * C + cols, cum_L + pe_L, mask=cmask)
-            tl.debug_barrier()
-
-        # outside recursion for s = top .. bottom (s = 0 belongs to the first interval)
-        top = tl.minimum(last_t, L - 1)
-        bottom = tl.where(k > 0, first_t + 1, 0)
-        cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, top, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-        dur_acc = tl.zeros((DB, CP), FT)
-        trans_acc = tl.zeros((CP, CP), FT)
-        for i in range(top - bottom + 1):
-            s = top - i
-            cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, s - 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-            first = s == 0
-            later = cmask & (s + 0 * cols > 0)  # (CP,) vector: the interpreter mishandles scalar & vector masks
-            a_s = tl.load(alpha_a + (s - first_t) * C + cols, mask=later, other=0.0)
-            A_s = tl.load(alpha_A + s - first_t, mask=s > 0, other=0.0)
-            G = (A_s + M - logZ).to(FT)
-            starts, beta, dur_acc, trans_acc = _outside(
-                s, M, G, g, tl.minimum(K, L - s), ps_t - cum_t, a_s, first, K, KR, C, bring, trans, dur, dur0, trans0,
-                g_dur, g_trans, dur_acc, trans_acc, cols, cmask, TRANS_3D, FT, CP, DB, NCHUNK)
-            ends = tl.where(first, 0.0, tl.exp(a_s + beta.to(FT) + G))
-            tl.store(g_cum + s * C + cols, g * (ends - starts), mask=cmask)
-            if HAS_PS:
-                tl.store(g_ps + s * C + cols, g * starts, mask=cmask)
-            if HAS_PE:
-                tl.store(g_pe + (s - 1) * C + cols, g * ends, mask=later)
-            tl.store(bring + (s % KR) * C + cols, M + beta + cum_t + pe_t, mask=cmask)
-            M += lse_shift(tl.max(beta, 0))
-            tl.debug_barrier()
-            cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
-        dur_total += dur_acc.to(tl.float64)
-        trans_total += trans_acc.to(tl.float64)
+    # outside recursion for s = L-1 .. 0
+    cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, L - 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+    for i in range(L):
+        s = L - 1 - i
+        cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, s - 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
+        first = s == 0
+        later = cmask & (s + 0 * cols > 0)  # (CP,) vector: the interpreter mishandles scalar & vector masks
+        a_s = tl.load(alpha_a + s * C + cols, mask=later, other=0.0)
+        A_s = tl.load(alpha_A + s, mask=s > 0, other=0.0)
+        G = (A_s + M - logZ).to(FT)
+        starts, beta, dur_acc, trans_acc = _outside(
+            s, M, G, g, tl.minimum(K, L - s), ps_t - cum_t, a_s, first, K, KR, C, bring, trans, dur, dur0, trans0,
+            g_dur, g_trans, dur_acc, trans_acc, cols, cmask, TRANS_3D, FT, CP, DB, NCHUNK)
+        ends = tl.where(first, 0.0, tl.exp(a_s + beta.to(FT) + G))
+        tl.store(g_cum + s * C + cols, g * (ends - starts), mask=cmask)
+        if HAS_PS:
+            tl.store(g_ps + s * C + cols, g * starts, mask=cmask)
+        if HAS_PE:
+            tl.store(g_pe + (s - 1) * C + cols, g * ends, mask=later)
+        tl.store(bring + (s % KR) * C + cols, M + beta + cum_t + pe_t, mask=cmask)
+        M += lse_shift(tl.max(beta, 0))
+        tl.debug_barrier()
+        cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
 
     g = g.to(tl.float64)
     d = 1 + tl.arange(0, DB)
-    tl.store(g_dur + (d - 1)[:, None] * C + cols[None, :], g * dur_total, mask=(d <= K)[:, None] & cmask[None, :])
+    tl.store(g_dur + (d - 1)[:, None] * C + cols[None, :], g * dur_acc, mask=(d <= K)[:, None] & cmask[None, :])
     if not TRANS_3D:
-        tl.store(g_trans + cols[:, None] * C + cols[None, :], g * trans_total, mask=cmask[:, None] & cmask[None, :])
+        tl.store(g_trans + cols[:, None] * C + cols[None, :], g * trans_acc, mask=cmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -251,17 +218,19 @@ def _scale_span(src, dst, n, g, BLOCK: tl.constexpr):
                  mask=offs < n)
 
 
-@triton.jit(do_not_specialize=["B", "n_cum", "n_proj", "W", "TN"])
+@triton.jit(do_not_specialize=["B", "n_cum", "n_proj", "W", "TN", "grad_stride"])
 def semicrf_scale_kernel(unit_cum, unit_ps, unit_pe, parts, grad, g_cum, g_ps, g_pe, g_trans, g_dur,
-                         B, n_cum, n_proj, W, TN, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr, BLOCK: tl.constexpr):
+                         B, n_cum, n_proj, W, TN, grad_stride,
+                         HAS_PS: tl.constexpr, HAS_PE: tl.constexpr, BLOCK: tl.constexpr):
     """The gradients for grad_logZ from the unit ones (float64, grad_logZ = 1; rows of n_cum / n_proj elements per
-    sequence, ``parts`` (B, W) the per-sequence transition (first TN columns) and duration-bias sums). Programs
+    sequence, ``parts`` (B, W) the per-sequence transition (first TN columns) and duration-bias sums; grad[b] at
+    ``grad + b * grad_stride``, e.g. stride 0 for the expanded gradient of ``logZ.sum()``). Programs
     0..B-1: sequence b's rows times grad[b]. Programs B..: BLOCK columns of Σ_b grad[b] * parts[b, :], b in order
     (deterministic), into ``g_trans`` (columns < TN) and ``g_dur``. Outputs in their own dtype."""
     pid = tl.program_id(0)
     if pid < B:
         seq = pid.to(tl.int64)
-        g = tl.load(grad + seq).to(tl.float64)
+        g = tl.load(grad + seq * grad_stride).to(tl.float64)
         _scale_span(unit_cum + seq * n_cum, g_cum + seq * n_cum, n_cum, g, BLOCK)
         if HAS_PS:
             _scale_span(unit_ps + seq * n_proj, g_ps + seq * n_proj, n_proj, g, BLOCK)
@@ -272,6 +241,7 @@ def semicrf_scale_kernel(unit_cum, unit_ps, unit_pe, parts, grad, g_cum, g_ps, g
         inside = cols < W
         total = tl.zeros((BLOCK,), tl.float64)
         for row in range(0, B):
-            total += tl.load(grad + row).to(tl.float64) * tl.load(parts + row * W + cols, mask=inside, other=0.0)
+            weight = tl.load(grad + row * grad_stride).to(tl.float64)
+            total += weight * tl.load(parts + row * W + cols, mask=inside, other=0.0)
         tl.store(g_trans + cols, total.to(g_trans.dtype.element_ty), mask=inside & (cols < TN))
         tl.store(g_dur + (cols - TN), total.to(g_dur.dtype.element_ty), mask=inside & (cols >= TN))

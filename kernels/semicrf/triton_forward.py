@@ -15,7 +15,7 @@ Precision scheme (the same in every kernel of this family):
   ``U[s, c] = A[s] + ps[s, c] - cum[s, c]`` plus ``a[s, ·]`` in a second ring (3-D transitions);
 - the ⊕ along the chain (max, exp, sum, log of the terms ``U[s, c] - (A[t-1] - cum[t, c] - pe[t-1, c]) + dur``,
   the difference formed in float64 and then cast) runs in the *chain dtype* ``CT``, a constexpr:
-  - float64 (libdevice exp/log) for training (``forward_checkpointed`` and the backward's recompute), Viterbi and
+  - float64 (libdevice exp/log) for training (``train_forward``, which keeps every a[t] and A[t]), Viterbi and
     every float64 input: float32 rounding errors add up as a random walk over the T dependent steps (measured:
     ~1.4e-4 norm-wise on the gradients at T = 1e5 with a float32 chain, ~2e-7 with a float64 one);
   - float32 (hardware exp/log) for the inference route with float32 inputs (``triton_ops.partition``): logZ
@@ -180,9 +180,9 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
 @triton.jit
 def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur, bp_prev,
                cols, cmask, LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr,
-               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr, CT: tl.constexpr = tl.float64):
+               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr, CT: tl.constexpr):
     """One step of the recursion: (A[t] float64, a[t] in the chain dtype CT) from A[t-1] = ``R`` and the ring;
-    pushes the entry of t. The backward recomputes with the default float64 chain."""
+    pushes the entry of t."""
     q = R - cum_t - pe_t
     value, best_d, best_prev = _inside(t, q, tl.minimum(K, t), K, KR, C, ring, ring_a, trans, dur, dur0, trans0,
                                        cols, cmask, LOG, TRANS_3D, WRITE_BP, DB, NCHUNK, CT)
@@ -192,14 +192,6 @@ def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0
             tl.store(bp_prev + t * C + cols, best_prev, mask=cmask)
     return _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, cols, cmask,
                     LOG, TRANS_3D, WRITE_BP, FT, CT)
-
-
-@triton.jit
-def copy_block(src, dst, n, BLOCK: tl.constexpr):
-    """dst[0:n] = src[0:n] (contiguous), BLOCK elements at a time."""
-    for i in range(0, n, BLOCK):
-        offs = i + tl.arange(0, BLOCK)
-        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
 
 @triton.jit
@@ -218,7 +210,7 @@ def sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D: tl.constexpr,
     return bad
 
 
-SIZES = ["T", "K", "KR", "S", "NCK", "C"]  # integer arguments not specialised: one compilation serves every length
+SIZES = ["T", "K", "KR", "C"]  # integer arguments not specialised: one compilation serves every length
 
 
 @triton.jit(do_not_specialize=SIZES)
@@ -226,12 +218,12 @@ def semicrf_forward_kernel(
     cum, trans, dur, ps, pe, lengths,  # inputs: (B, T+1, C), (C, C) | (K, C, C), (K, C), (B, T, C) x2, (B,)
     out,  # (B,): ⊕_c alpha[L_b, c], stored in out's dtype
     ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only)
-    ck_ring, ck_ring_a, ck_offset,  # SAVE_CKPT: rings after steps 0, S, 2S, ... (B, NCK, KR, C) and A there (B, NCK)
+    out_copy, alpha_a, alpha_A,  # SAVE_ALPHA: out again in out_copy's dtype (B,); a[t] (B, T+1, C) and A[t] (B, T+1)
     bp_dur, bp_prev, last_label,  # WRITE_BP: (B, T+1, C) int32 x2, (B,) int32
     # (a pointer whose flag is off, e.g. ps without HAS_PS, may be None: fewer arguments, less launch time)
-    T, K, KR, S, NCK, C,  # K = min(K, T), KR = K + 1
+    T, K, KR, C,  # K = min(K, T), KR = K + 1
     LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, WRITE_BP: tl.constexpr,
+    SAVE_ALPHA: tl.constexpr, WRITE_BP: tl.constexpr,
     FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
     """One program per sequence: the forward recursion over t = 1..L_b (see the module docstring); ``CT`` is the
@@ -264,11 +256,9 @@ def semicrf_forward_kernel(
         tl.store(ring_a + cols, tl.zeros((CP,), FT), mask=cmask)
     tl.debug_barrier()
     R = tl.zeros((), tl.float64)
-    if SAVE_CKPT:
-        copy_block(ring, ck_ring + b * NCK * KR * C, KR * C, DB * CP)
-        if TRANS_3D:
-            copy_block(ring_a, ck_ring_a + b * NCK * KR * C, KR * C, DB * CP)
-        tl.store(ck_offset + b * NCK, R)
+    if SAVE_ALPHA:
+        alpha_a += b * (T + 1) * C
+        alpha_A += b * (T + 1)
 
     a = tl.zeros((CP,), CT)
     cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
@@ -276,15 +266,14 @@ def semicrf_forward_kernel(
         cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)  # prefetch
         R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur,
                           bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK, CT)
-        if SAVE_CKPT:
-            if t % S == 0:
-                k = t // S
-                copy_block(ring, ck_ring + (b * NCK + k) * KR * C, KR * C, DB * CP)
-                if TRANS_3D:
-                    copy_block(ring_a, ck_ring_a + (b * NCK + k) * KR * C, KR * C, DB * CP)
-                tl.store(ck_offset + b * NCK + k, R)
+        if SAVE_ALPHA:  # for the backward kernel (never read here: no barrier)
+            tl.store(alpha_a + t * C + cols, a.to(FT), mask=cmask)
+            tl.store(alpha_A + t, R)
         cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
 
-    tl.store(out + b, tl.where(bad, float("nan"), R + semiring_sum(a, 0, LOG)).to(out.dtype.element_ty))
+    result = tl.where(bad, float("nan"), R + semiring_sum(a, 0, LOG))
+    tl.store(out + b, result.to(out.dtype.element_ty))
+    if SAVE_ALPHA:
+        tl.store(out_copy + b, result.to(out_copy.dtype.element_ty))
     if WRITE_BP:
         tl.store(last_label + b, tl.argmax(a, 0, tie_break_left=True).to(tl.int32))

@@ -1,7 +1,9 @@
 """Triton backend of the streaming semi-CRF: the kernels behind the ``semicrf.triton.*`` routes.
 
-Same interface as :mod:`provable_kernels.semicrf.torch_ops` (conventions in :mod:`provable_kernels.semicrf.call`):
-``partition``, ``forward_checkpointed``, ``backward``, ``viterbi``. Every kernel runs one program per sequence,
+Conventions in :mod:`provable_kernels.semicrf.call`. ``partition`` and ``viterbi`` as in
+:mod:`provable_kernels.semicrf.torch_ops`; training in two parts, ``train_forward`` (logZ, and every sequence's
+gradients of its own logZ, computed at once) and ``backward`` (those scaled by grad_logZ: one launch, so that
+autograd's backward pass costs little host time). Every kernel runs one program per sequence,
 sequential over positions, with edges computed on the fly from ``cum_scores`` and O(K*C) live state (a ring of the
 last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longer than T never occur, so K is
 capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional proj_start / proj_end, variable
@@ -13,12 +15,12 @@ offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T
 - float32 for inference (``partition``: the ``log.infer`` / ``max.infer`` routes): logZ relative error 5.3e-8 at
   T = 1e5 measured on an H200 (benchmarks/NOTES-semicrf.md, run 1), i.e. its float32 output rounding; ~2.5x
   faster per step than a float64 chain on short shapes (run 1 vs run 3);
-- float64 for training (``forward_checkpointed`` / ``backward``) and Viterbi: gradients were 1.4e-4 off at T = 1e5
+- float64 for training (``train_forward``) and Viterbi: gradients were 1.4e-4 off at T = 1e5
   with a float32 chain (an error random walk), ~2e-7 with the float64 one (run 3); Viterbi's max chain and
   backpointers stay exactly those of the float64 recursion.
 
 On the training routes the kernels' working dtype ``FT`` (values relative to an offset, marginals, the 3-D
-transitions' reduction over the previous label, the interval and a-value buffers) is float64 too: with float32 it
+transitions' reduction over the previous label, the kept alpha values) is float64 too: with float32 it
 was O(1) only for moderate scores, and the exponent of a marginal, a sum of float32 terms as large as the scores,
 lost ~1e-7 x |scores| absolutely (norm-wise gradient error 4.5e-4 at score scale 1e4, 5e-2 at 1e6). With
 float64 the error no longer grows with the magnitude (tests/test_semicrf_training.py; the accuracy-vs-scale table
@@ -34,16 +36,17 @@ segmentation. Value checks: the forward kernel checks each sequence's values and
 :mod:`~provable_kernels.semicrf.triton_forward`); a failed check gives that sequence NaN, every kernel clamps
 lengths into 1..T.
 
-Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T, S = ceil(sqrt(T*(K+1)))):
+Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T):
 
 - ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
-- ``forward_checkpointed`` saves the ring every S steps: (T//S + 1)*(K+1)*C float64 (+ as many float64 a-values
-  for 3-D transitions).
-- ``unit_gradients`` (the backward kernel) adds an interval buffer (S+1)*C and rings 3*(K+1)*C, and returns the
-  sequence's float64 gradients for grad_logZ = 1: (T+1)*C (+ 2*T*C with both projections) and the partial sums
-  K*C + C*C (3-D: K*C + K*C*C). The training route keeps these from the forward to the backward
+- ``train_forward``: while it runs, alpha at every position, (T+1)*(C+1) float64, and rings 3*(K+1)*C float64;
+  it returns the sequence's float64 gradients for grad_logZ = 1, (T+1)*C (+ 2*T*C with both projections) and the
+  partial sums K*C + C*C (3-D: K*C + K*C*C). The training route keeps these from the forward to the backward
   (:mod:`~provable_kernels.semicrf.autograd`), O(T*C + K*C*C) per sequence, like the gradients themselves.
-- ``scale_gradients`` writes the gradients (the inputs' sizes).
+  (Before the backward kernel ran in the forward, the forward kept ring checkpoints every sqrt(T*K) steps and the
+  backward recomputed alpha from them; with the gradients held anyway that saved no memory, and the recompute
+  cost a third of the backward kernel's time: benchmarks/NOTES-semicrf.md.)
+- ``backward`` writes the gradients (the inputs' sizes).
 - ``viterbi``: backpointers 2*(T+1)*C int32.
 
 Determinism: no atomics; each program writes its own rows and its own partial sums; the scaling kernel sums those
@@ -94,7 +97,7 @@ def _config(K: int, C: int, trans_3d: bool, tile_2d: int, tile_3d: int) -> tuple
 @dataclass(slots=True)  # not frozen: host time per call (read-only by convention)
 class _Plan:
     """A call's tensors (contiguous), sizes and compile-time flags, shared by every kernel of the call. The kernels
-    take the sizes under short names (``KR``, ``S``, ``NCK``, ``DB``, ``FT``, ...); each is spelled out here."""
+    take the sizes under short names (``KR``, ``DB``, ``FT``, ...); each is spelled out here."""
 
     cum: Tensor
     trans: Tensor
@@ -107,7 +110,6 @@ class _Plan:
     C: int
     K: int  # min(call.K, T): durations longer than T never occur
     K_requested: int  # call.K: the gradients have this many duration rows
-    checkpoint_interval: int  # kernel ``S``: the forward saves its ring after every S steps
     durations_per_chunk: int  # kernel ``DB``: durations reduced together (NCHUNK = ceil(K / DB) chunks)
     warps: int
     backward_warps: int
@@ -118,11 +120,6 @@ class _Plan:
     def ring_size(self) -> int:
         """Kernel ``KR``: entries of a ring (the last K+1 positions)."""
         return self.K + 1
-
-    @property
-    def checkpoint_count(self) -> int:
-        """Kernel ``NCK``: saved rings, after steps 0, S, 2S, ..."""
-        return self.T // self.checkpoint_interval + 1
 
     @property
     def input_type(self):
@@ -136,31 +133,25 @@ class _Plan:
             return torch.zeros(shape, dtype=dtype, device=self.cum.device)
         return alloc.empty(shape, dtype=dtype, device=self.cum.device)
 
-    def carve(self, shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, zero: bool = False,
+    def carve(self, shapes: Sequence[tuple[int, ...]], dtype: torch.dtype,
               flat: Optional[Tensor] = None) -> tuple[Tensor, ...]:
-        """Buffers of ``shapes`` as views of one allocation (:meth:`new`; one allocation and at most one fill
-        instead of one per buffer: host time per call), each starting 16-byte aligned; or views of ``flat``, an
-        allocation of :func:`carved_numel` elements made before."""
+        """Buffers of ``shapes`` as views of one allocation (:meth:`new`, not zeroed; one allocation instead of
+        one per buffer: host time per call), each starting 16-byte aligned; or views of ``flat``, an allocation of
+        :func:`carved_numel` elements made before."""
         numel, layout = _carving(tuple(shapes), dtype.itemsize)
         if flat is None:
-            flat = self.new(numel, dtype=dtype, zero=zero)
+            flat = self.new(numel, dtype=dtype)
         return tuple(flat.as_strided(shape, stride, offset) for shape, stride, offset in layout)
 
     def unit_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of :func:`unit_gradients`' float64 buffers, in :meth:`carve` order: g_cum (B, T+1, C), the
-        per-sequence transition and duration-bias sums (B, C*C | K*C*C + K*C), g_ps and g_pe (B, T, C) when
-        present."""
+        """Shapes of the unit gradients (:func:`train_forward`'s ``saved``), float64, in :meth:`carve` order:
+        g_cum (B, T+1, C), the per-sequence transition and duration-bias sums (B, C*C | K*C*C + K*C), g_ps and
+        g_pe (B, T, C) when present."""
         return unit_shapes(self.B, self.T, self.C, self.K, self.trans_3d, self.ps is not None, self.pe is not None)
 
-    def checkpoint_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the training forward's float64 buffers, in :meth:`carve` order: ring checkpoints (B, NCK,
-        KR, C), a-value checkpoints (the same; 3-D transitions only), offsets (B, NCK), then the forward's scratch
-        rings (B, KR, C): entries and a-values (3-D only)."""
-        return checkpoint_shapes(self.B, self.T, self.C, self.K, self.trans_3d)
-
     def sizes(self) -> tuple[int, ...]:
-        """The kernels' size arguments ``(T, K, KR, S, NCK, C)``."""
-        return (self.T, self.K, self.ring_size, self.checkpoint_interval, self.checkpoint_count, self.C)
+        """The kernels' size arguments ``(T, K, KR, C)``."""
+        return (self.T, self.K, self.ring_size, self.C)
 
     def meta(self, warps: int) -> dict:
         """Compile-time arguments shared by the kernels (a memoised dict: do not modify)."""
@@ -185,13 +176,6 @@ def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool
     ``NCHUNK`` chunks, ``FT`` the input dtype."""
     return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=input_type, CP=triton.next_power_of_2(C),
                 DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk), num_warps=warps, num_stages=1)
-
-
-def checkpoint_shapes(B: int, T: int, C: int, K: int, trans_3d: bool) -> list[tuple[int, ...]]:
-    """:meth:`_Plan.checkpoint_shapes` for K capped at T."""
-    count, ring = T // checkpoint_interval(T, K) + 1, (B, K + 1, C)
-    saved = [(B, count, K + 1, C)] * (2 if trans_3d else 1) + [(B, count)]
-    return saved + [ring] * (2 if trans_3d else 1)
 
 
 def unit_shapes(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> list:
@@ -221,12 +205,6 @@ def _pack(shapes: tuple[tuple[int, ...], ...], itemsize: int) -> tuple[int, tupl
 _carving = functools.lru_cache(maxsize=1024)(_pack)  # one lookup per call on the hot path
 
 
-def checkpoint_interval(T: int, K: int) -> int:
-    """Kernel ``S`` = ceil(sqrt(T*(K+1))) for K = min(call's K, T): the spacing of the training forward's saved
-    rings (balances T/S saved rings of K+1 rows against an interval buffer of S rows)."""
-    return max(1, math.isqrt(T * (K + 1) - 1) + 1)
-
-
 def _interpreted() -> bool:
     """Whether the kernels were created under the Triton interpreter (``TRITON_INTERPRET=1`` when this module was
     first imported: ``@triton.jit`` decides at decoration time)."""
@@ -250,18 +228,12 @@ def _plan(call: object, semiring: Optional[str] = None, training: bool = False) 
     trans_3d = trans.dim() == 3
     if K < call.K:  # durations beyond T never occur: drop their rows
         trans, dur = trans[:K] if trans_3d else trans, dur[:K]
-    interval, durations_per_chunk, warps, backward_warps = _layout(T, K, C, trans_3d)
+    durations_per_chunk, warps, backward_warps = config(K, C, trans_3d)
     return _Plan(
         cum=cum.contiguous(), trans=trans.contiguous(), dur=dur.contiguous(), ps=_contiguous(call.proj_start),
         pe=_contiguous(call.proj_end), lengths=call.lengths.contiguous(), B=B, T=T, C=C, K=K, K_requested=call.K,
-        checkpoint_interval=interval, durations_per_chunk=durations_per_chunk, warps=warps,
+        durations_per_chunk=durations_per_chunk, warps=warps,
         backward_warps=backward_warps, trans_3d=trans_3d, work_dtype=torch.float64 if training else cum.dtype)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layout(T: int, K: int, C: int, trans_3d: bool) -> tuple[int, int, int, int]:
-    """(checkpoint interval, durations per chunk, forward warps, backward warps) for capped K: one lookup per call."""
-    return (checkpoint_interval(T, K),) + config(K, C, trans_3d)
 
 
 def _require_interpreter(device: torch.device) -> None:
@@ -275,17 +247,15 @@ def _require_interpreter(device: torch.device) -> None:
                            "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
 
 
-def _forward(plan: _Plan, log: bool, out_dtype: torch.dtype, checkpoints: Optional[tuple] = None,
-             backpointers: Optional[tuple[Tensor, ...]] = None, chain=tl.float64,
-             rings: Optional[tuple] = None) -> Tensor:
-    """Run the forward kernel with the chain dtype ``chain`` (module docstring); ⊕_c alpha[L_b, c] (B,) in
-    ``out_dtype``. ``rings``: the scratch rings (:meth:`_Plan.rings` when None)."""
-    out = plan.new(plan.B, dtype=out_dtype)
-    ring, ring_a = plan.rings() if rings is None else rings
-    ck = checkpoints if checkpoints is not None else (None, None, None)
+def _forward(plan: _Plan, log: bool, chain, out: Tensor, rings: tuple[Tensor, Optional[Tensor]],
+             alphas: Optional[tuple] = None, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
+    """Run the forward kernel with the chain dtype ``chain`` (module docstring) into ``out`` (B,): ⊕_c alpha[L_b, c]
+    in out's dtype. ``rings``: the scratch rings (:meth:`_Plan.rings`); ``alphas``: (out_copy (B,), a (B, T+1, C),
+    A (B, T+1)) for the kernel to keep (training); ``backpointers``: the Viterbi buffers."""
+    alpha = alphas if alphas is not None else (None, None, None)
     bp = backpointers if backpointers is not None else (None, None, None)
     launcher(semicrf_forward_kernel)[(plan.B,)](
-        *plan.inputs(), out, ring, ring_a, *ck, *bp, *plan.sizes(), LOG=log, SAVE_CKPT=checkpoints is not None,
+        *plan.inputs(), out, *rings, *alpha, *bp, *plan.sizes(), LOG=log, SAVE_ALPHA=alphas is not None,
         WRITE_BP=backpointers is not None, CT=chain, **plan.meta(plan.warps))
     return out
 
@@ -294,73 +264,49 @@ def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.cum.dtype, chain=plan.input_type)
+    return _forward(plan, call.semiring == "log", plan.input_type, plan.new(plan.B, dtype=plan.cum.dtype),
+                    plan.rings())
 
 
-def forward_checkpointed(call: StreamingCall) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """logZ (B,) in the input dtype and what :func:`backward` needs: ``(logZ float64 (B,), checkpoints float64
-    (n,))``, the ring saved after steps 0, S, 2S, ... as one flat allocation (:meth:`_Plan.checkpoint_shapes`:
-    rings, a-values for 3-D transitions, offsets, then the forward's scratch)."""
+def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
+    """logZ (B,) in the input dtype and ``saved``: each sequence's gradients of its own logZ, float64, in one flat
+    zero-filled tensor laid out as :meth:`_Plan.unit_shapes` (g_cum, the per-sequence transition and duration-bias
+    sums, g_ps, g_pe), for :func:`backward` to scale by grad_logZ. Two launches: the forward kernel (float64 chain)
+    keeps alpha at every position, the backward kernel runs the outside recursion over it."""
     plan = _plan(call, "log", training=True)
-    shapes = plan.checkpoint_shapes()
-    flat = plan.new(carved_numel(shapes, torch.float64), dtype=torch.float64, zero=True)
-    # zero-filled: a sequence shorter than T leaves its last slots unwritten, and op outputs must be deterministic
-    views = plan.carve(shapes, torch.float64, flat=flat)
-    ck_ring, ck_ring_a = views[0], views[1] if plan.trans_3d else None
-    ring, ring_a = views[-2:] if plan.trans_3d else (views[-1], None)
-    logZ = _forward(plan, True, torch.float64, checkpoints=(ck_ring, ck_ring_a, views[-3 if plan.trans_3d else -2]),
-                    rings=(ring, ring_a))
-    return logZ.to(plan.cum.dtype), (logZ, flat)
-
-
-# verify: unreached (for direct callers: benchmarks/semicrf_gpu_check.py, tests; the routes call its two parts)
-def backward(call: StreamingCall, saved: tuple, logZ: Tensor, grad_logZ: Tensor) -> tuple:
-    """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
-    None for an absent projection, in the input dtype: :func:`scale_gradients` of :func:`unit_gradients`. Uses
-    the float64 logZ in ``saved`` (the input-dtype ``logZ`` is not precise enough for the marginals at large T)."""
-    return scale_gradients(call, unit_gradients(call, saved), grad_logZ)
-
-
-def unit_gradients(call: StreamingCall, saved: tuple) -> Tensor:
-    """The backward kernel for grad_logZ = 1: each sequence's gradients of its own logZ, float64, in one flat
-    tensor laid out as :meth:`_Plan.unit_shapes` (g_cum, per-sequence transition and duration-bias sums, g_ps,
-    g_pe). ``saved``: :func:`forward_checkpointed`'s."""
-    plan = _plan(call, "log", training=True)
-    if not (isinstance(saved, tuple) and len(saved) == 2):
-        raise TypeError("saved must be the pair returned by forward_checkpointed")  # verify: unreached (internal)
-    logZ64, flat = saved
-    shapes = plan.checkpoint_shapes()
-    validate.shape("saved checkpoints", flat, (carved_numel(shapes, torch.float64),), "(n,)")
-    ck_ring, *rest = plan.carve(shapes, torch.float64, flat=flat)
-    ck_ring_a, ck_offset = rest[:2] if plan.trans_3d else (None, rest[0])
-
-    S1, KR, B, C = plan.checkpoint_interval + 1, plan.ring_size, plan.B, plan.C
-    scratch = [(B, KR, C), (B, S1, C), (B, S1), (B, KR, C)] + [(B, KR, C)] * plan.trans_3d  # all float64 here
-    ring, alpha_a, alpha_A, bring, *ring_a = plan.carve(scratch, torch.float64)
+    B, T, C, KR = plan.B, plan.T, plan.C, plan.ring_size
     unit_shapes = plan.unit_shapes()
-    units = plan.new(carved_numel(unit_shapes, torch.float64), dtype=torch.float64, zero=True)
-    g_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=units)
+    saved = plan.new(carved_numel(unit_shapes, torch.float64), dtype=torch.float64, zero=True)
+    # zero-filled: a sequence shorter than T leaves its last rows unwritten, and op outputs must be deterministic
+    g_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=saved)
     g_ps = proj.pop(0) if plan.ps is not None else None
     g_pe = proj.pop(0) if plan.pe is not None else None
+    scratch = [(B,), (B, T + 1, C), (B, T + 1), (B, KR, C), (B, KR, C)] + [(B, KR, C)] * plan.trans_3d
+    logZ64, alpha_a, alpha_A, bring, *rings = plan.carve(scratch, torch.float64)  # FT = float64 here
+    logZ = plan.new(B, dtype=plan.cum.dtype)
+    _forward(plan, True, tl.float64, logZ64, (rings[0], rings[1] if plan.trans_3d else None),
+             alphas=(logZ, alpha_a, alpha_A))
     trans_numel = parts.shape[1] - plan.K * C
     launcher(semicrf_backward_kernel)[(B,)](
-        *plan.inputs(), logZ64, torch.ones(B, dtype=torch.float64, device=plan.cum.device), ring,
-        ring_a[0] if ring_a else None, ck_ring, ck_ring_a, ck_offset, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe,
-        parts[:, trans_numel:], parts, *plan.sizes(), **plan.meta(plan.backward_warps))
-    return units
+        *plan.inputs(), logZ64, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, parts[:, trans_numel:], parts,
+        *plan.sizes(), **plan.meta(plan.backward_warps))
+    return logZ, saved
 
 
-def scale_gradients(call: StreamingCall, units: Tensor, grad_logZ: Tensor) -> tuple:
-    """Gradients of Σ_b grad_logZ[b] * logZ[b], as :func:`backward`, from :func:`unit_gradients`'s ``units``: one
-    launch scales each sequence's rows by grad_logZ[b] and sums the transition and duration-bias parts weighted by
-    it over the batch in a fixed order (float64: deterministic), stored in the input dtype."""
+def backward(call: StreamingCall, saved: Tensor, grad_logZ: Tensor) -> tuple:
+    """Gradients of Σ_b grad_logZ[b] * logZ[b] w.r.t. (cum_scores, transition, duration_bias, proj_start, proj_end),
+    None for an absent projection, in the input dtype, from :func:`train_forward`'s ``saved`` (B,) ``grad_logZ``
+    (any float dtype, any stride, e.g. the expanded gradient of ``logZ.sum()``): one launch scales each
+    sequence's rows by grad_logZ[b] and sums the transition and duration-bias parts weighted by it over the batch
+    in a fixed order (float64: deterministic), stored in the input dtype."""
     plan = _plan(call, "log", training=True)
     B, T, C, K, dtype = plan.B, plan.T, plan.C, plan.K, plan.cum.dtype
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=plan.cum.device)
     validate.shape("grad_logZ", grad_logZ, (B,), "(B,)")
     unit_shapes = plan.unit_shapes()
-    validate.shape("units", units, (carved_numel(unit_shapes, torch.float64),), "(n,)")
-    unit_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=units)
+    validate.tensor("saved", saved, ndim=1, dtypes=(torch.float64,), device=plan.cum.device)
+    validate.shape("saved", saved, (carved_numel(unit_shapes, torch.float64),), "(n,) from train_forward")
+    unit_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=saved)
     unit_ps = proj.pop(0) if plan.ps is not None else None
     unit_pe = proj.pop(0) if plan.pe is not None else None
     trans_shape = (K, C, C) if plan.trans_3d else (C, C)
@@ -370,8 +316,8 @@ def scale_gradients(call: StreamingCall, units: Tensor, grad_logZ: Tensor) -> tu
     g_trans, g_dur = plan.new(*trans_shape, dtype=dtype), plan.new(K, C, dtype=dtype)
     W = parts.shape[1]
     launcher(semicrf_scale_kernel)[(B + triton.cdiv(W, SCALE_BLOCK),)](
-        unit_cum, unit_ps, unit_pe, parts, grad_logZ.contiguous(), g_cum, g_ps, g_pe, g_trans, g_dur, B,
-        (T + 1) * C, T * C, W, W - K * C, HAS_PS=g_ps is not None, HAS_PE=g_pe is not None, BLOCK=SCALE_BLOCK)
+        unit_cum, unit_ps, unit_pe, parts, grad_logZ, g_cum, g_ps, g_pe, g_trans, g_dur, B, (T + 1) * C, T * C, W,
+        W - K * C, grad_logZ.stride(0), HAS_PS=g_ps is not None, HAS_PE=g_pe is not None, BLOCK=SCALE_BLOCK)
     if plan.trans_3d:
         g_trans = pad_duration_rows(g_trans, plan.K_requested)
     return g_cum, g_trans, pad_duration_rows(g_dur, plan.K_requested), g_ps, g_pe
@@ -384,7 +330,8 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     bp_dur = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     last_label = plan.new(plan.B, dtype=torch.int32)
-    scores = _forward(plan, False, plan.cum.dtype, backpointers=(bp_dur, bp_prev, last_label))
+    scores = _forward(plan, False, tl.float64, plan.new(plan.B, dtype=plan.cum.dtype), plan.rings(),
+                      backpointers=(bp_dur, bp_prev, last_label))
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
