@@ -18,17 +18,24 @@ import torch
 import triton
 
 def _spec(arg: Any) -> Any:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
-    """What Triton may specialize ``arg`` on (a superset): a tensor's dtype, device and 16-byte alignment; an int's
-    width (32-bit signed, 64-bit signed, 64-bit unsigned), ``== 1`` and divisibility by 16; a float's type; other
-    values themselves (None, bools, dtypes)."""
+    """What Triton may specialize ``arg`` on (a superset): a tensor's dtype and 16-byte alignment; an int's width
+    (32-bit signed, 64-bit signed, 64-bit unsigned), ``== 1`` and divisibility by 16; a float's type; other values
+    themselves (None, bools, dtypes). The device is keyed once per launch (:func:`_key`)."""
     if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.get_device(), arg.data_ptr() % 16 == 0
+        return arg.dtype, arg.data_ptr() % 16 == 0
     if type(arg) is int:
         width = 0 if -2**31 <= arg < 2**31 else 1 if -2**63 <= arg < 2**63 else 2
         return int, width, arg == 1, arg % 16 == 0
     if type(arg) is float:
         return float
     return type(arg), arg
+
+
+def _key(args: tuple, meta: dict) -> tuple:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
+    """The cache key of a launch: the current CUDA device (Triton compiles and launches for it), :func:`_spec` of
+    each runtime argument (tensors inline: host time per launch), the constexprs and options by exact value."""
+    specs = tuple([(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else _spec(a) for a in args])
+    return torch.cuda.current_device(), specs, tuple(meta.items())
 
 
 class Launcher:
@@ -54,7 +61,7 @@ class Launcher:
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
     def _launch_compiled(self, grid: tuple, args: tuple, meta: dict) -> None:
-        key = (tuple(map(_spec, args)), tuple(meta.items()))  # constexprs and options: their exact values
+        key = _key(args, meta)
         compiled = self.cache.get(key)
         if compiled is None:
             self.cache[key] = self.kernel[grid](*args, **meta)

@@ -17,9 +17,12 @@ def test_spec_separates_what_triton_specializes_on():
     assert launch._spec(None) != launch._spec(False)
 
 
-def test_constexprs_key_by_value():
+def test_constexprs_and_the_device_key_by_value(monkeypatch):
     """A first version keyed constexpr ints like runtime ints (CP = 4 and CP = 8 alike) and relaunched a kernel
-    compiled for another label count: sentinel verify's marginal property caught it on the GPU."""
+    compiled for another label count: sentinel verify's marginal property caught it on the GPU. The current CUDA
+    device is part of the key (Triton compiles and loads a kernel per device)."""
+    device = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
     class Compiled:
         def __init__(self):
             self.launched = []
@@ -39,8 +42,12 @@ def test_constexprs_key_by_value():
     runner._launch((1,), (3,), {"CP": 4})  # compiles
     runner._launch((1,), (5,), {"CP": 4})  # same key: the compiled kernel, every parameter in order
     runner._launch((1,), (3,), {"CP": 8})  # another constexpr value: compiles again
-    assert runner.kernel.compiles == [{"CP": 4}, {"CP": 8}]
-    assert runner.cache[((launch._spec(3),), (("CP", 4),))].launched == [(5, 4)]
+    device[0] = 1
+    runner._launch((1,), (5,), {"CP": 4})  # another device: compiles again
+    assert runner.kernel.compiles == [{"CP": 4}, {"CP": 8}, {"CP": 4}]
+    assert list(runner.cache) == [(0, (launch._spec(3),), (("CP", 4),)), (0, (launch._spec(3),), (("CP", 8),)),
+                                  (1, (launch._spec(3),), (("CP", 4),))]
+    assert runner.cache[(0, (launch._spec(3),), (("CP", 4),))].launched == [(5, 4)]
 
 
 def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():

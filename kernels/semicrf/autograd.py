@@ -97,8 +97,8 @@ def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: 
     logZ = cum.new_empty(B)
     if backend == "torch":
         return [logZ, cum.new_empty(B, dtype=torch.float64)]
-    shapes = triton_ops.unit_shapes(B, T, C, k, trans.dim() == 3, ps is not None, pe is not None)
-    return [logZ, cum.new_empty(triton_ops.carved_numel(shapes, torch.float64), dtype=torch.float64)]
+    numel = triton_ops.saved_numel(B, T, C, k, trans.dim() == 3, ps is not None, pe is not None)
+    return [logZ, cum.new_empty(numel, dtype=torch.float64)]
 
 
 def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],

@@ -57,7 +57,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -133,21 +133,10 @@ class _Plan:
             return torch.zeros(shape, dtype=dtype, device=self.cum.device)
         return alloc.empty(shape, dtype=dtype, device=self.cum.device)
 
-    def carve(self, shapes: Sequence[tuple[int, ...]], dtype: torch.dtype,
-              flat: Optional[Tensor] = None) -> tuple[Tensor, ...]:
-        """Buffers of ``shapes`` as views of one allocation (:meth:`new`, not zeroed; one allocation instead of
-        one per buffer: host time per call), each starting 16-byte aligned; or views of ``flat``, an allocation of
-        :func:`carved_numel` elements made before."""
-        numel, layout = _carving(tuple(shapes), dtype.itemsize)
-        if flat is None:
-            flat = self.new(numel, dtype=dtype)
-        return tuple(flat.as_strided(shape, stride, offset) for shape, stride, offset in layout)
-
-    def unit_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the unit gradients (:func:`train_forward`'s ``saved``), float64, in :meth:`carve` order:
-        g_cum (B, T+1, C), the per-sequence transition and duration-bias sums (B, C*C | K*C*C + K*C), g_ps and
-        g_pe (B, T, C) when present."""
-        return unit_shapes(self.B, self.T, self.C, self.K, self.trans_3d, self.ps is not None, self.pe is not None)
+    def training_layout(self) -> "_TrainingLayout":
+        """Where :func:`train_forward` puts its buffers (:func:`_training_layout`)."""
+        return _training_layout(self.B, self.T, self.C, self.K, self.trans_3d, self.ps is not None,
+                                self.pe is not None)
 
     def sizes(self) -> tuple[int, ...]:
         """The kernels' size arguments ``(T, K, KR, C)``."""
@@ -179,14 +168,16 @@ def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool
 
 
 def unit_shapes(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> list:
-    """:meth:`_Plan.unit_shapes` for K capped at T."""
+    """Shapes of the unit gradients (:func:`train_forward`'s ``saved``, float64, one after another) for K capped at
+    T: g_cum (B, T+1, C), the per-sequence transition and duration-bias sums (B, C*C | K*C*C + K*C), g_ps and g_pe
+    (B, T, C) when present."""
     shared = (K * C * C if trans_3d else C * C) + K * C
     return [(B, T + 1, C), (B, shared)] + [(B, T, C)] * (has_ps + has_pe)
 
 
-def carved_numel(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> int:
-    """Elements of the one allocation :meth:`_Plan.carve` makes for ``shapes`` (sizes may be symbolic)."""
-    return _pack(tuple(shapes), dtype.itemsize)[0]
+def saved_numel(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> int:
+    """Elements of :func:`train_forward`'s ``saved`` (sizes may be symbolic: fake tensors)."""
+    return _pack(tuple(unit_shapes(B, T, C, K, trans_3d, has_ps, has_pe)), 8)[0]
 
 
 def _pack(shapes: tuple[tuple[int, ...], ...], itemsize: int) -> tuple[int, tuple]:
@@ -202,7 +193,30 @@ def _pack(shapes: tuple[tuple[int, ...], ...], itemsize: int) -> tuple[int, tupl
     return offset, tuple(layout)
 
 
-_carving = functools.lru_cache(maxsize=1024)(_pack)  # one lookup per call on the hot path
+class _TrainingLayout(NamedTuple):
+    """Two float64 allocations of :func:`train_forward` as views ``(shape, strides, offset)``."""
+
+    saved_numel: int
+    saved: tuple  # unit_shapes' views, then the duration-bias columns of the partial sums (the kernel's g_dur)
+    scratch_numel: int
+    scratch: tuple  # logZ (B,), alpha (B, T+1, C) and its offsets (B, T+1), the outside ring and the forward's
+                    # rings (B, K+1, C) (two forward rings with 3-D transitions)
+
+
+@functools.lru_cache(maxsize=1024)
+def _training_layout(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> _TrainingLayout:
+    """:class:`_TrainingLayout` for K capped at T, computed once per size (host time per call)."""
+    saved_numel, saved = _pack(tuple(unit_shapes(B, T, C, K, trans_3d, has_ps, has_pe)), 8)
+    (_, W), _, parts_offset = saved[1]
+    g_dur = ((B, K * C), (W, 1), parts_offset + W - K * C)
+    ring = (B, K + 1, C)
+    scratch_numel, scratch = _pack(((B,), (B, T + 1, C), (B, T + 1), ring, ring) + (ring,) * trans_3d, 8)
+    return _TrainingLayout(saved_numel, saved + (g_dur,), scratch_numel, scratch)
+
+
+def _views(flat: Tensor, layout: tuple) -> list[Tensor]:
+    """Views ``(shape, strides, offset)`` of ``flat``."""
+    return [flat.as_strided(shape, strides, offset) for shape, strides, offset in layout]
 
 
 def _interpreted() -> bool:
@@ -270,26 +284,23 @@ def partition(call: StreamingCall) -> Tensor:
 
 def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
     """logZ (B,) in the input dtype and ``saved``: each sequence's gradients of its own logZ, float64, in one flat
-    zero-filled tensor laid out as :meth:`_Plan.unit_shapes` (g_cum, the per-sequence transition and duration-bias
-    sums, g_ps, g_pe), for :func:`backward` to scale by grad_logZ. Two launches: the forward kernel (float64 chain)
+    zero-filled tensor laid out as :func:`unit_shapes` (g_cum, the per-sequence transition and duration-bias sums,
+    g_ps, g_pe), for :func:`backward` to scale by grad_logZ. Two launches: the forward kernel (float64 chain)
     keeps alpha at every position, the backward kernel runs the outside recursion over it."""
     plan = _plan(call, "log", training=True)
-    B, T, C, KR = plan.B, plan.T, plan.C, plan.ring_size
-    unit_shapes = plan.unit_shapes()
-    saved = plan.new(carved_numel(unit_shapes, torch.float64), dtype=torch.float64, zero=True)
+    layout = plan.training_layout()
+    saved = plan.new(layout.saved_numel, dtype=torch.float64, zero=True)
     # zero-filled: a sequence shorter than T leaves its last rows unwritten, and op outputs must be deterministic
-    g_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=saved)
+    g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
     g_ps = proj.pop(0) if plan.ps is not None else None
     g_pe = proj.pop(0) if plan.pe is not None else None
-    scratch = [(B,), (B, T + 1, C), (B, T + 1), (B, KR, C), (B, KR, C)] + [(B, KR, C)] * plan.trans_3d
-    logZ64, alpha_a, alpha_A, bring, *rings = plan.carve(scratch, torch.float64)  # FT = float64 here
-    logZ = plan.new(B, dtype=plan.cum.dtype)
-    _forward(plan, True, tl.float64, logZ64, (rings[0], rings[1] if plan.trans_3d else None),
-             alphas=(logZ, alpha_a, alpha_A))
-    trans_numel = parts.shape[1] - plan.K * C
-    launcher(semicrf_backward_kernel)[(B,)](
-        *plan.inputs(), logZ64, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, parts[:, trans_numel:], parts,
-        *plan.sizes(), **plan.meta(plan.backward_warps))
+    logZ64, alpha_a, alpha_A, bring, ring, *ring_a = _views(plan.new(layout.scratch_numel, dtype=torch.float64),
+                                                            layout.scratch)  # FT = float64 here
+    logZ = plan.new(plan.B, dtype=plan.cum.dtype)
+    _forward(plan, True, tl.float64, logZ64, (ring, ring_a[0] if ring_a else None), alphas=(logZ, alpha_a, alpha_A))
+    launcher(semicrf_backward_kernel)[(plan.B,)](
+        *plan.inputs(), logZ64, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, g_dur, parts, *plan.sizes(),
+        **plan.meta(plan.backward_warps))
     return logZ, saved
 
 
@@ -303,17 +314,17 @@ def backward(call: StreamingCall, saved: Tensor, grad_logZ: Tensor) -> tuple:
     B, T, C, K, dtype = plan.B, plan.T, plan.C, plan.K, plan.cum.dtype
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=plan.cum.device)
     validate.shape("grad_logZ", grad_logZ, (B,), "(B,)")
-    unit_shapes = plan.unit_shapes()
+    layout = plan.training_layout()
     validate.tensor("saved", saved, ndim=1, dtypes=(torch.float64,), device=plan.cum.device)
-    validate.shape("saved", saved, (carved_numel(unit_shapes, torch.float64),), "(n,) from train_forward")
-    unit_cum, parts, *proj = plan.carve(unit_shapes, torch.float64, flat=saved)
+    validate.shape("saved", saved, (layout.saved_numel,), "(n,) from train_forward")
+    unit_cum, parts, *proj, _ = _views(saved, layout.saved)
     unit_ps = proj.pop(0) if plan.ps is not None else None
     unit_pe = proj.pop(0) if plan.pe is not None else None
-    trans_shape = (K, C, C) if plan.trans_3d else (C, C)
     g_cum = plan.new(B, T + 1, C, dtype=dtype)
     g_ps = plan.new(B, T, C, dtype=dtype) if unit_ps is not None else None
     g_pe = plan.new(B, T, C, dtype=dtype) if unit_pe is not None else None
-    g_trans, g_dur = plan.new(*trans_shape, dtype=dtype), plan.new(K, C, dtype=dtype)
+    g_trans = plan.new(*((K, C, C) if plan.trans_3d else (C, C)), dtype=dtype)
+    g_dur = plan.new(K, C, dtype=dtype)
     W = parts.shape[1]
     launcher(semicrf_scale_kernel)[(B + triton.cdiv(W, SCALE_BLOCK),)](
         unit_cum, unit_ps, unit_pe, parts, grad_logZ, g_cum, g_ps, g_pe, g_trans, g_dur, B, (T + 1) * C, T * C, W,
