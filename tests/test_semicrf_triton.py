@@ -93,7 +93,7 @@ def test_partition_log_and_max_against_oracle(name, dtype, tol):
 
 
 class ChainSpy:
-    """Stands in for the forward kernel and records the chain dtype (``CT``) of every launch."""
+    """Stands in for a kernel and records the chain dtype (``CT``) of every launch."""
 
     def __init__(self, kernel):
         self.kernel, self.chains = kernel, []
@@ -107,9 +107,11 @@ class ChainSpy:
 
 
 def test_chain_precision_per_route(monkeypatch):
-    """float32 chain only for inference on float32 inputs; training, Viterbi and float64 inputs keep float64."""
-    spy = ChainSpy(triton_ops.semicrf_forward_kernel)
-    monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", spy)
+    """float32 chain only for inference on float32 inputs; training (its own kernel), Viterbi and float64 inputs keep
+    float64."""
+    forward, train = ChainSpy(triton_ops.semicrf_forward_kernel), ChainSpy(triton_ops.semicrf_train_kernel)
+    monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", forward)
+    monkeypatch.setattr(triton_ops, "semicrf_train_kernel", train)
     case64 = make_case(B=2, T=4, K=2, C=2, variable=True).to(device=DEVICE)
     case32 = case64.to(torch.float32)
     runs = {"log.infer f32": lambda: case32.forward("log"), "max.infer f32": lambda: case32.forward("max"),
@@ -117,11 +119,13 @@ def test_chain_precision_per_route(monkeypatch):
             "max.train f32": lambda: case32.leaves().forward("max"), "viterbi f32": case32.viterbi}
     chains = {}
     for name, run in runs.items():
-        spy.chains.clear()
+        forward.chains.clear()
+        train.chains.clear()
         run()
-        chains[name] = spy.chains[:]
-    assert chains == {"log.infer f32": [tl.float32], "max.infer f32": [tl.float32], "log.infer f64": [tl.float64],
-                      "log.train f32": [tl.float64], "max.train f32": [tl.float64], "viterbi f32": [tl.float64]}
+        chains[name] = (forward.chains[:], train.chains[:])
+    assert chains == {"log.infer f32": ([tl.float32], []), "max.infer f32": ([tl.float32], []),
+                      "log.infer f64": ([tl.float64], []), "log.train f32": ([], [tl.float64]),
+                      "max.train f32": ([tl.float64], []), "viterbi f32": ([tl.float64], [])}
 
 
 def test_float32_chain_logz_matches_float64_reference_at_moderate_length():

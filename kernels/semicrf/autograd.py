@@ -8,8 +8,8 @@ and meta / fake tensors get the right output shapes without running anything:
 - ``semicrf_partition(cum, trans, dur, lengths, ps, pe, K, semiring, backend) -> (B,)``: logZ or the best score,
   no gradient (inference routes).
 - ``semicrf_log_forward(cum, trans, dur, lengths, ps, pe, K, backend) -> [logZ (B,), saved]``: logZ with what
-  the backward needs (not differentiable itself); differentiable through ``semicrf_log_backward``. Triton: the
-  forward kernel, then at once the backward kernel for grad_logZ = 1, whose per-sequence float64 gradients are
+  the backward needs (not differentiable itself); differentiable through ``semicrf_log_backward``. Triton: one
+  kernel runs the forward and, at once, the backward for grad_logZ = 1, whose per-sequence float64 gradients are
   saved (one flat tensor: g_cum (B, T+1, C), the transition and duration-bias sums per sequence, g_ps, g_pe when
   present), so that the backward is one launch that scales them by grad_logZ: it runs on autograd's device
   thread, where a launch costs about twice the host time of the caller's thread (benchmarks/NOTES-semicrf.md).
@@ -89,7 +89,7 @@ def _log_forward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, 
     if _module(backend) is torch_ops:  # saved: the float64 logZ (the checkpoints' count depends on the lengths' values)
         logZ, (logZ64, _) = torch_ops.forward_checkpointed(call)
         return [logZ.clone() if logZ.dtype == torch.float64 else logZ, logZ64]  # op outputs must not alias
-    return list(triton_ops.train_forward(call))  # logZ, saved: the backward kernel runs now (module docstring)
+    return list(triton_ops.train_forward(call))  # logZ, saved: the unit gradients, computed now (module docstring)
 
 
 def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)

@@ -1,4 +1,5 @@
-"""Triton hand-written backward of the semi-CRF log partition, one program per sequence.
+"""Triton training kernels of the semi-CRF log partition: the forward recursion and the hand-written backward in
+one launch, one program per sequence, then the scaling by grad_logZ.
 
 Outside recursion (beta[L, ·] = 0):
 
@@ -12,10 +13,12 @@ segment marginals P(s, d, c', c) = exp(alpha[s, c'] + trans(d)[c', c] + seg(s, d
 
 with ends(t, c) = exp(alpha[t, c] + beta[t, c] - logZ) and starts(s, c) = Σ_d Σ_c' P(s, d, c', c).
 
-Input: the forward (``SAVE_ALPHA``) kept every position's a[t] = alpha[t] - A[t] and float64 offset A[t]; the
-program runs the outside recursion from s = L-1 down to 0 over them, with its own ring of float64 entries
-``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots). The kernel computes each sequence's gradients of its
-own logZ (grad_logZ = 1); :func:`semicrf_scale_kernel` multiplies them by grad_logZ.
+:func:`semicrf_train_kernel`: the program runs the forward recursion of
+:func:`~provable_kernels.semicrf.triton_forward.forward_sequence` (float64 chain), keeping every position's
+a[t] = alpha[t] - A[t] and float64 offset A[t], then the outside recursion from s = L-1 down to 0 over them, with a
+ring of float64 entries ``W[e, c] = beta[e, c] + cum[e, c] + pe[e-1, c]`` (K+1 slots, the forward's ring reused).
+It writes logZ and the sequence's gradients of its own logZ (grad_logZ = 1), which :func:`semicrf_scale_kernel`
+multiplies by grad_logZ in the autograd backward (one launch: little host time on autograd's thread).
 
 Precision: as in :mod:`provable_kernels.semicrf.triton_forward`: the outside recursion's logsumexps run in float64 on
 ``X = W[s+d] + ps[s] - cum[s] - M + dur`` (M = max beta[s+1], the carried float64 reference). The marginals are
@@ -26,8 +29,7 @@ accumulate in float64.
 Determinism: each program writes only its own rows of g_cum / g_ps / g_pe and its own (b, ...) float64 partial
 sums for duration_bias and transition (from registers, or for duration chunks >= 1 / 3-D transitions a
 per-sequence buffer updated by the thread that owns each element); the scaling kernel sums them over b in a
-fixed order.
-No atomics.
+fixed order. No atomics.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from provable_kernels.triton_math import logsumexp, lse_merge, lse_parts, lse_sh
 from provable_kernels.semicrf.triton_forward import (
     SIZES,
     dur_chunk,
+    forward_sequence,
     load_constants,
     position_inputs,
     ring_rows,
@@ -128,29 +131,34 @@ def _outside(s, M, G, g, kmax, h, a_s, first, K, KR, C, bring, trans, dur, dur0,
 
 
 @triton.jit(do_not_specialize=SIZES)
-def semicrf_backward_kernel(
-    cum, trans, dur, ps, pe, lengths, logz,  # inputs as in the forward; logZ (B,) float64
-    alpha_a, alpha_A,  # the forward's a[t] (B, T+1, C) and float64 offsets A[t] (B, T+1) (its SAVE_ALPHA)
-    bring,  # (B, KR, C) float64 outside ring
+def semicrf_train_kernel(
+    cum, trans, dur, ps, pe, lengths,  # inputs as in the forward kernel
+    out,  # (B,): logZ in out's dtype
+    ring, ring_a,  # scratch (B, KR, C) float64: the forward's rings, then ``ring`` is the outside ring
+    alpha_a, alpha_A,  # scratch: a[t] (B, T+1, C) and float64 offsets A[t] (B, T+1) kept by the forward
     g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2, zero-filled
-    g_dur, g_trans,  # float64 per-sequence sums, zero-filled: row b of a (B, C*C | K*C*C + K*C) buffer
-                     # holds its transition sums at g_trans and its (K, C) duration sums right after, at g_dur
+    g_dur, g_trans,  # float64 per-sequence sums, zero-filled: row b of a (B, C*C | K*C*C + K*C) buffer holds its
+                     # transition sums at g_trans and its (K, C) duration sums right after, at g_dur
     T, K, KR, C,
     TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
-    FT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+    FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
-    """One program per sequence: the outside recursion over the forward's alpha, writing the sequence's gradients
-    of its own logZ (grad_logZ = 1; zero when logZ = -inf). See the module docstring."""
+    """One program per sequence: the forward recursion (chain dtype CT: float64), keeping alpha, then the outside
+    recursion over it, writing logZ and the sequence's gradients of its own logZ (grad_logZ = 1; zero when logZ = -inf,
+    NaN when the forward's value checks failed). See the module docstring."""
     b = tl.program_id(0).to(tl.int64)
+    logZ, _ = forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a, alpha_A, None, None,
+                               T, K, KR, C, True, TRANS_3D, HAS_PS, HAS_PE, True, False, FT, CT, CP, DB, NCHUNK)
+    tl.store(out + b, logZ.to(out.dtype.element_ty))
+    tl.debug_barrier()  # alpha and the ring, written above by every thread of the program, are read below
     L = tl.minimum(tl.maximum(tl.load(lengths + b), 1), T).to(tl.int32)  # clamped as in the forward
-    logZ = tl.load(logz + b)
     dead = logZ == float("-inf")  # no finite segmentation: zero gradients
     g = tl.where(dead, 0.0, 1.0).to(FT)
     logZ = tl.where(dead, 0.0, logZ)
+    bring = ring + b * KR * C  # the forward's ring, now free
     cum += b * (T + 1) * C
     alpha_a += b * (T + 1) * C
     alpha_A += b * (T + 1)
-    bring += b * KR * C
     g_cum += b * (T + 1) * C
     if HAS_PS:
         ps += b * T * C

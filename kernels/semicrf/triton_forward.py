@@ -213,24 +213,16 @@ def sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D: tl.constexpr,
 SIZES = ["T", "K", "KR", "C"]  # integer arguments not specialised: one compilation serves every length
 
 
-@triton.jit(do_not_specialize=SIZES)
-def semicrf_forward_kernel(
-    cum, trans, dur, ps, pe, lengths,  # inputs: (B, T+1, C), (C, C) | (K, C, C), (K, C), (B, T, C) x2, (B,)
-    out,  # (B,): ⊕_c alpha[L_b, c], stored in out's dtype
-    ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only)
-    out_copy, alpha_a, alpha_A,  # SAVE_ALPHA: out again in out_copy's dtype (B,); a[t] (B, T+1, C) and A[t] (B, T+1)
-    bp_dur, bp_prev, last_label,  # WRITE_BP: (B, T+1, C) int32 x2, (B,) int32
-    # (a pointer whose flag is off, e.g. ps without HAS_PS, may be None: fewer arguments, less launch time)
-    T, K, KR, C,  # K = min(K, T), KR = K + 1
-    LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
-    SAVE_ALPHA: tl.constexpr, WRITE_BP: tl.constexpr,
-    FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
-):
-    """One program per sequence: the forward recursion over t = 1..L_b (see the module docstring); ``CT`` is the
-    chain dtype (float64, or float32 on the inference route with float32 inputs). The program checks its own
-    values first (:func:`sequence_nonfinite`, and 1 <= L_b <= T): when one fails, ``out[b]`` is NaN (with L_b
-    clamped into 1..T for the recursion), so no value error turns into a number."""
-    b = tl.program_id(0).to(tl.int64)
+@triton.jit
+def forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a, alpha_A, bp_dur, bp_prev,
+                     T, K, KR, C, LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr,
+                     HAS_PE: tl.constexpr, SAVE_ALPHA: tl.constexpr, WRITE_BP: tl.constexpr, FT: tl.constexpr,
+                     CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr):
+    """The forward recursion of sequence ``b`` over t = 1..L_b (module docstring; arguments as
+    :func:`semicrf_forward_kernel`'s, whole-batch pointers). Returns (⊕_c alpha[L_b, c] as float64, NaN when a
+    value check fails; the last a (CP,) in the chain dtype). The sequence's values are checked first
+    (:func:`sequence_nonfinite`, and 1 <= L_b <= T; L_b is clamped into 1..T for the recursion). SAVE_ALPHA: keeps
+    a[t] (input dtype FT) and A[t] (float64) at every position t >= 1 for the backward (not read here)."""
     length = tl.load(lengths + b)
     L = tl.minimum(tl.maximum(length, 1), T).to(tl.int32)  # clamped: a bad length never indexes out of bounds
     cum += b * (T + 1) * C
@@ -244,6 +236,9 @@ def semicrf_forward_kernel(
     if WRITE_BP:
         bp_dur += b * (T + 1) * C
         bp_prev += b * (T + 1) * C
+    if SAVE_ALPHA:
+        alpha_a += b * (T + 1) * C
+        alpha_A += b * (T + 1)
     bad = sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D, HAS_PS, HAS_PE) | (L != length)
     cols = tl.arange(0, CP)
     cmask = cols < C
@@ -256,24 +251,38 @@ def semicrf_forward_kernel(
         tl.store(ring_a + cols, tl.zeros((CP,), FT), mask=cmask)
     tl.debug_barrier()
     R = tl.zeros((), tl.float64)
-    if SAVE_ALPHA:
-        alpha_a += b * (T + 1) * C
-        alpha_A += b * (T + 1)
-
     a = tl.zeros((CP,), CT)
     cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
     for t in range(1, L + 1):
         cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)  # prefetch
         R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur,
                           bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK, CT)
-        if SAVE_ALPHA:  # for the backward kernel (never read here: no barrier)
+        if SAVE_ALPHA:
             tl.store(alpha_a + t * C + cols, a.to(FT), mask=cmask)
             tl.store(alpha_A + t, R)
         cum_t, ps_t, pe_t = cum_n, ps_n, pe_n
+    return tl.where(bad, float("nan"), R + semiring_sum(a, 0, LOG)), a
 
-    result = tl.where(bad, float("nan"), R + semiring_sum(a, 0, LOG))
+
+@triton.jit(do_not_specialize=SIZES)
+def semicrf_forward_kernel(
+    cum, trans, dur, ps, pe, lengths,  # inputs: (B, T+1, C), (C, C) | (K, C, C), (K, C), (B, T, C) x2, (B,)
+    out,  # (B,): ⊕_c alpha[L_b, c], stored in out's dtype
+    ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only)
+    bp_dur, bp_prev, last_label,  # WRITE_BP: (B, T+1, C) int32 x2, (B,) int32
+    # (a pointer whose flag is off, e.g. ps without HAS_PS, may be None: fewer arguments, less launch time)
+    T, K, KR, C,  # K = min(K, T), KR = K + 1
+    LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
+    WRITE_BP: tl.constexpr,
+    FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+):
+    """One program per sequence: :func:`forward_sequence`; ``CT`` is the chain dtype (float64, or float32 on the
+    inference route with float32 inputs). When a value check fails, ``out[b]`` is NaN, so no value error turns
+    into a number."""
+    b = tl.program_id(0).to(tl.int64)
+    result, a = forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, None, None, bp_dur, bp_prev,
+                                 T, K, KR, C, LOG, TRANS_3D, HAS_PS, HAS_PE, False, WRITE_BP, FT, CT, CP, DB,
+                                 NCHUNK)
     tl.store(out + b, result.to(out.dtype.element_ty))
-    if SAVE_ALPHA:
-        tl.store(out_copy + b, result.to(out_copy.dtype.element_ty))
     if WRITE_BP:
         tl.store(last_label + b, tl.argmax(a, 0, tie_break_left=True).to(tl.int32))

@@ -39,13 +39,14 @@ lengths into 1..T.
 Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T):
 
 - ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
-- ``train_forward``: while it runs, alpha at every position, (T+1)*(C+1) float64, and rings 3*(K+1)*C float64;
+- ``train_forward``: while it runs, alpha at every position, (T+1)*(C+1) float64, and the rings (K+1)*C float64
+  (twice with 3-D transitions);
   it returns the sequence's float64 gradients for grad_logZ = 1, (T+1)*C (+ 2*T*C with both projections) and the
   partial sums K*C + C*C (3-D: K*C + K*C*C). The training route keeps these from the forward to the backward
   (:mod:`~provable_kernels.semicrf.autograd`), O(T*C + K*C*C) per sequence, like the gradients themselves.
-  (Before the backward kernel ran in the forward, the forward kept ring checkpoints every sqrt(T*K) steps and the
+  (Before the backward ran in the forward, the forward kept ring checkpoints every sqrt(T*K) steps and the
   backward recomputed alpha from them; with the gradients held anyway that saved no memory, and the recompute
-  cost a third of the backward kernel's time: benchmarks/NOTES-semicrf.md.)
+  cost a third of the backward's time: benchmarks/NOTES-semicrf.md.)
 - ``backward`` writes the gradients (the inputs' sizes).
 - ``viterbi``: backpointers 2*(T+1)*C int32.
 
@@ -69,7 +70,7 @@ from provable_kernels.dispatch import triton_usable
 from provable_kernels.launch import launcher
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
-from provable_kernels.semicrf.triton_backward import semicrf_backward_kernel, semicrf_scale_kernel
+from provable_kernels.semicrf.triton_backward import semicrf_scale_kernel, semicrf_train_kernel
 from provable_kernels.semicrf.triton_forward import semicrf_forward_kernel
 from provable_kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
 
@@ -199,8 +200,8 @@ class _TrainingLayout(NamedTuple):
     saved_numel: int
     saved: tuple  # unit_shapes' views, then the duration-bias columns of the partial sums (the kernel's g_dur)
     scratch_numel: int
-    scratch: tuple  # logZ (B,), alpha (B, T+1, C) and its offsets (B, T+1), the outside ring and the forward's
-                    # rings (B, K+1, C) (two forward rings with 3-D transitions)
+    scratch: tuple  # alpha (B, T+1, C) and its offsets (B, T+1), the ring (B, K+1, C) (and the a-value ring with
+                    # 3-D transitions)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -210,7 +211,7 @@ def _training_layout(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: boo
     (_, W), _, parts_offset = saved[1]
     g_dur = ((B, K * C), (W, 1), parts_offset + W - K * C)
     ring = (B, K + 1, C)
-    scratch_numel, scratch = _pack(((B,), (B, T + 1, C), (B, T + 1), ring, ring) + (ring,) * trans_3d, 8)
+    scratch_numel, scratch = _pack(((B, T + 1, C), (B, T + 1), ring) + (ring,) * trans_3d, 8)
     return _TrainingLayout(saved_numel, saved + (g_dur,), scratch_numel, scratch)
 
 
@@ -261,16 +262,14 @@ def _require_interpreter(device: torch.device) -> None:
                            "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
 
 
-def _forward(plan: _Plan, log: bool, chain, out: Tensor, rings: tuple[Tensor, Optional[Tensor]],
-             alphas: Optional[tuple] = None, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
-    """Run the forward kernel with the chain dtype ``chain`` (module docstring) into ``out`` (B,): ⊕_c alpha[L_b, c]
-    in out's dtype. ``rings``: the scratch rings (:meth:`_Plan.rings`); ``alphas``: (out_copy (B,), a (B, T+1, C),
-    A (B, T+1)) for the kernel to keep (training); ``backpointers``: the Viterbi buffers."""
-    alpha = alphas if alphas is not None else (None, None, None)
+def _forward(plan: _Plan, log: bool, chain, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
+    """Run the forward kernel with the chain dtype ``chain`` (module docstring): ⊕_c alpha[L_b, c] (B,) in the
+    input dtype; ``backpointers``: the Viterbi buffers."""
+    out = plan.new(plan.B, dtype=plan.cum.dtype)
     bp = backpointers if backpointers is not None else (None, None, None)
     launcher(semicrf_forward_kernel)[(plan.B,)](
-        *plan.inputs(), out, *rings, *alpha, *bp, *plan.sizes(), LOG=log, SAVE_ALPHA=alphas is not None,
-        WRITE_BP=backpointers is not None, CT=chain, **plan.meta(plan.warps))
+        *plan.inputs(), out, *plan.rings(), *bp, *plan.sizes(), LOG=log, WRITE_BP=backpointers is not None, CT=chain,
+        **plan.meta(plan.warps))
     return out
 
 
@@ -278,8 +277,7 @@ def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.input_type, plan.new(plan.B, dtype=plan.cum.dtype),
-                    plan.rings())
+    return _forward(plan, call.semiring == "log", plan.input_type)
 
 
 def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
@@ -294,13 +292,12 @@ def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
     g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
     g_ps = proj.pop(0) if plan.ps is not None else None
     g_pe = proj.pop(0) if plan.pe is not None else None
-    logZ64, alpha_a, alpha_A, bring, ring, *ring_a = _views(plan.new(layout.scratch_numel, dtype=torch.float64),
-                                                            layout.scratch)  # FT = float64 here
+    alpha_a, alpha_A, ring, *ring_a = _views(plan.new(layout.scratch_numel, dtype=torch.float64),
+                                             layout.scratch)  # FT = float64 here
     logZ = plan.new(plan.B, dtype=plan.cum.dtype)
-    _forward(plan, True, tl.float64, logZ64, (ring, ring_a[0] if ring_a else None), alphas=(logZ, alpha_a, alpha_A))
-    launcher(semicrf_backward_kernel)[(plan.B,)](
-        *plan.inputs(), logZ64, alpha_a, alpha_A, bring, g_cum, g_ps, g_pe, g_dur, parts, *plan.sizes(),
-        **plan.meta(plan.backward_warps))
+    launcher(semicrf_train_kernel)[(plan.B,)](
+        *plan.inputs(), logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum, g_ps, g_pe, g_dur, parts,
+        *plan.sizes(), CT=tl.float64, **plan.meta(plan.backward_warps))
     return logZ, saved
 
 
@@ -341,8 +338,7 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     bp_dur = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     last_label = plan.new(plan.B, dtype=torch.int32)
-    scores = _forward(plan, False, tl.float64, plan.new(plan.B, dtype=plan.cum.dtype), plan.rings(),
-                      backpointers=(bp_dur, bp_prev, last_label))
+    scores = _forward(plan, False, tl.float64, backpointers=(bp_dur, bp_prev, last_label))
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
