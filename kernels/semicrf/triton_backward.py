@@ -144,8 +144,8 @@ def semicrf_train_kernel(
     FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
 ):
     """One program per sequence: the forward recursion (chain dtype CT: float64), keeping alpha, then the outside
-    recursion over it, writing logZ and the sequence's gradients of its own logZ (grad_logZ = 1; zero when logZ = -inf,
-    NaN when the forward's value checks failed). See the module docstring."""
+    recursion over it, writing logZ and the sequence's gradients of its own logZ (grad_logZ = 1; zero when
+    logZ = -inf, NaN when the forward's value checks failed). See the module docstring."""
     b = tl.program_id(0).to(tl.int64)
     logZ, _ = forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a, alpha_A, None, None,
                                T, K, KR, C, True, TRANS_3D, HAS_PS, HAS_PE, True, False, FT, CT, CP, DB, NCHUNK)
