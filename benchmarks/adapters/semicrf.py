@@ -160,6 +160,6 @@ ADAPTER = Adapter(
     packages=("flash-semicrf", "torch-struct"),
     notes=("fp32 inputs, lengths = T, 2-D transition; peers' inputs mapped to this project's model (untimed)",
            "memory per state-position = peak / (B*T*K*C)",
-           "ours (triton) runs its backward kernel inside the forward of a training call and its backward only "
-           "scales the saved gradients: compare the 'both' rows, not 'backward'"),
+           "ours (triton) runs its backward recursion inside the forward of a training call (one kernel) and its "
+           "backward only scales the saved gradients: compare the 'both' rows, not 'backward'"),
 )
