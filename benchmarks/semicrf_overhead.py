@@ -13,7 +13,8 @@ On CUDA, for B,T,K,C = 32,25,5,20 (launch-bound) and 4,1024,16,12 (latency-bound
     mode on CUDA), and (c') the same inside ``validate.value_checks("sync")`` (one host sync: named errors);
 (d) the kernel alone: ``triton.testing.do_bench_cudagraph`` on (b) (graph replays: no host work), with the inference
     route's float32 chain and, for comparison, the float64 chain of the training / Viterbi routes;
-(e) a public training step: forward + backward of the log partition (float64 working dtype).
+(e) a public training step: forward + backward of the log partition (float64 working dtype), and (d') the
+    training kernel alone (``triton_ops.train_forward``: the forward and the backward recursion in one launch).
 
 ``public_host_overhead_us`` = (c) - (d): what a public call adds over the kernel alone (requirement: <= 40 us at
 32,25,5,20). (a)-(c), (e): ``torch.cuda.synchronize`` + ``time.perf_counter`` around ``--calls`` back-to-back
@@ -55,7 +56,7 @@ COLUMNS = [("shape", "B,T,K,C", ""), ("make_call_us", "(a) make_call us", ".1f")
            ("public_sync_us", "(c') public, sync checks us", ".1f"),
            ("kernel_f32_chain_us", "(d) kernel f32 chain us", ".1f"),
            ("public_host_overhead_us", "(c)-(d) us", ".1f"), ("train_step_us", "(e) fwd+bwd us", ".1f"),
-           ("kernel_f64_chain_us", "kernel f64 chain us", ".1f"), ("us_per_step_f32", "us/step f32", ".3f"),
+           ("kernel_train_us", "(d') training kernel us", ".1f"), ("kernel_f64_chain_us", "kernel f64 chain us", ".1f"), ("us_per_step_f32", "us/step f32", ".3f"),
            ("us_per_step_f64", "us/step f64", ".3f")]
 
 
@@ -119,8 +120,8 @@ def measure(shape: tuple[int, int, int, int], calls: int, repeats: int, device: 
                public_sync_us=per_call_us(public_sync, calls, repeats, device),
                train_step_us=per_call_us(train_step, calls, repeats, device),
                kernel_f32_chain_us=kernel_us(lambda: triton_ops.partition(call), device),
-               kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, cum.dtype, chain=tl.float64),
-                                             device))
+               kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, tl.float64), device),
+               kernel_train_us=kernel_us(lambda: triton_ops.train_forward(call), device))
     for chain in ("f32", "f64"):
         value = row[f"kernel_{chain}_chain_us"]
         row[f"us_per_step_{chain}"] = None if value is None else value / T
