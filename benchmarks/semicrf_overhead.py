@@ -42,7 +42,6 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from benchmarks.common import environment, print_table, write_json  # noqa: E402
 from provable_kernels import validate  # noqa: E402
@@ -120,7 +119,7 @@ def measure(shape: tuple[int, int, int, int], calls: int, repeats: int, device: 
                public_sync_us=per_call_us(public_sync, calls, repeats, device),
                train_step_us=per_call_us(train_step, calls, repeats, device),
                kernel_f32_chain_us=kernel_us(lambda: triton_ops.partition(call), device),
-               kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, tl.float64), device),
+               kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, torch.float64), device),
                kernel_train_us=kernel_us(lambda: triton_ops.train_forward(call), device))
     for chain in ("f32", "f64"):
         value = row[f"kernel_{chain}_chain_us"]

@@ -4,10 +4,11 @@
 each pointer, range, ``== 1`` and divisibility by 16 of each integer) and looks the compiled kernel up: 20-50 us
 of host time per launch on the lent H100 hosts for a kernel with some thirty arguments, more than a short
 semi-CRF kernel runs (``benchmarks/NOTES-semicrf.md``). :class:`Launcher` keys a cache on a superset of those
-properties, computed directly, and launches the compiled kernel Triton returned for that key through its own
-launcher (``CompiledKernel[grid](*every parameter)``, as the code ``torch.compile`` generates does): the same
-binary, the same arguments, so bitwise the same results. The first call of a key, and every call under the
-Triton interpreter, goes through ``kernel[grid]`` itself.
+properties, computed directly (constexprs and launch options interned once: :func:`options`), and launches the
+compiled kernel Triton returned for that key through its own launcher (``CompiledKernel.run`` with every
+parameter, the arguments its ``CompiledKernel[grid]`` runner passes; the runner itself when a profiler set launch
+hooks): the same binary, the same arguments, so bitwise the same results. The first call of a key, and every call
+under the Triton interpreter, goes through ``kernel[grid]`` itself.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 import triton
+from triton import knobs
 
 def _spec(arg: Any) -> Any:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
     """What Triton may specialize ``arg`` on (a superset): a tensor's dtype and 16-byte alignment; an int's width
@@ -31,15 +33,39 @@ def _spec(arg: Any) -> Any:  # verify: unreached (compiled kernels only: CUDA; t
     return type(arg), arg
 
 
-def _key(args: tuple, meta: dict) -> tuple:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
+def _key(args: tuple, options: "Options") -> tuple:  # verify: unreached (compiled kernels only: CUDA; tests)
     """The cache key of a launch: the current CUDA device (Triton compiles and launches for it), :func:`_spec` of
-    each runtime argument (tensors inline: host time per launch), the constexprs and options by exact value."""
+    each runtime argument (tensors inline: host time per launch) and the interned :class:`Options` (its constexprs
+    and launch options by exact value)."""
     specs = tuple([(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else _spec(a) for a in args])
-    return torch.cuda.current_device(), specs, tuple(meta.items())
+    return torch.cuda.current_device(), specs, options
+
+
+class Options:
+    """A kernel's constexpr arguments and launch options (``num_warps``, ...), interned: :func:`options` returns
+    one object per distinct set of values, so a launch keys them by identity instead of hashing them again."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+
+
+_OPTIONS: dict[tuple, Options] = {}
+
+
+def options(**meta: Any) -> Options:
+    """The interned :class:`Options` of ``meta`` (callers on a hot path keep it: one lookup per call signature)."""
+    key = tuple(sorted(meta.items()))
+    found = _OPTIONS.get(key)
+    if found is None:
+        found = _OPTIONS[key] = Options(dict(meta))
+    return found
 
 
 class Launcher:
-    """``Launcher(kernel)[grid](*args, **meta)`` launches ``kernel`` as ``kernel[grid](*args, **meta)`` does:
+    """``Launcher(kernel)[grid](*args, **meta)`` launches ``kernel`` as ``kernel[grid](*args, **meta)`` does, and
+    ``Launcher(kernel).launch(grid, args, opts)`` the same with ``opts = options(**meta)`` made beforehand:
     ``args`` its leading (runtime) parameters in order, keyed by :func:`_spec`; ``meta`` the remaining (constexpr)
     ones by name and the launch options (``num_warps``, ``num_stages``), keyed by their exact values."""
 
@@ -50,24 +76,34 @@ class Launcher:
         self.cache: dict = {}
 
     def __getitem__(self, grid: tuple) -> Any:
-        return lambda *args, **meta: self._launch(grid, args, meta)
+        return lambda *args, **meta: self.launch(grid, args, options(**meta))
 
-    def _launch(self, grid: tuple, args: tuple, meta: dict) -> None:
+    def launch(self, grid: tuple, args: tuple, opts: Options) -> None:
+        """Launch on ``grid`` with the runtime arguments ``args`` and the constexprs and options ``opts``."""
         if not self.compiled:  # the Triton interpreter: kernel[grid] itself
-            self.kernel[grid](*args, **meta)
+            self.kernel[grid](*args, **opts.meta)
             return
         # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
-        self._launch_compiled(grid, args, meta)
+        self._launch_compiled(grid, args, opts)
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
-    def _launch_compiled(self, grid: tuple, args: tuple, meta: dict) -> None:
-        key = _key(args, meta)
-        compiled = self.cache.get(key)
-        if compiled is None:
-            self.cache[key] = self.kernel[grid](*args, **meta)
+    def _launch_compiled(self, grid: tuple, args: tuple, opts: Options) -> None:
+        key = _key(args, opts)
+        found = self.cache.get(key)
+        if found is None:
+            compiled = self.kernel[grid](*args, **opts.meta)
+            compiled._init_handles()  # loads the binary: what CompiledKernel[grid] does before every launch
+            self.cache[key] = compiled, tuple(opts.meta[name] for name in self.names[len(args):])
             return
+        compiled, constexprs = found
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        compiled[grid](*args, *(meta[name] for name in self.names[len(args):]))
+        if knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None:
+            # CompiledKernel[grid]'s runner without its per-launch lookups (the stream as Triton's CUDA driver gets it)
+            stream = torch._C._cuda_getCurrentRawStream(key[0])
+            compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
+                         None, *args, *constexprs)
+        else:  # a profiler's launch hooks: the runner calls them
+            compiled[grid](*args, *constexprs)
 
 
 _LAUNCHERS: dict[Any, Launcher] = {}

@@ -1,4 +1,6 @@
 """provable_kernels.launch: the cache key covers everything Triton specializes a launch on."""
+import types
+
 import torch
 import triton.language as tl
 
@@ -17,37 +19,74 @@ def test_spec_separates_what_triton_specializes_on():
     assert launch._spec(None) != launch._spec(False)
 
 
+class Compiled:
+    """Stands in for a CompiledKernel: records the launches through its runner and through ``run``."""
+
+    def __init__(self):
+        self.launched, self.ran, self.function, self.packed_metadata = [], [], "function", "metadata"
+
+    def _init_handles(self):
+        pass
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launched.append((grid, args))
+
+    def run(self, *args):
+        self.ran.append(args)
+
+
+class Kernel:  # stands in for the JITFunction: kernel[grid](...) compiles (and launches), returns the compiled kernel
+    def __init__(self):
+        self.compiles = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.compiles.append(meta) or Compiled()
+
+
+def compiled_launcher():
+    runner = launch.Launcher.__new__(launch.Launcher)
+    runner.kernel, runner.compiled, runner.names, runner.cache = Kernel(), True, ["x", "CP"], {}
+    return runner
+
+
 def test_constexprs_and_the_device_key_by_value(monkeypatch):
     """A first version keyed constexpr ints like runtime ints (CP = 4 and CP = 8 alike) and relaunched a kernel
     compiled for another label count: sentinel verify's marginal property caught it on the GPU. The current CUDA
-    device is part of the key (Triton compiles and loads a kernel per device)."""
+    device is part of the key (Triton compiles and loads a kernel per device); options are interned."""
     device = [0]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
-    class Compiled:
-        def __init__(self):
-            self.launched = []
-
-        def __getitem__(self, grid):
-            return lambda *args: self.launched.append(args)
-
-    class Kernel:  # stands in for the JITFunction: kernel[grid](...) compiles and returns the compiled kernel
-        def __init__(self):
-            self.compiles = []
-
-        def __getitem__(self, grid):
-            return lambda *args, **meta: self.compiles.append(meta) or Compiled()
-
-    runner = launch.Launcher.__new__(launch.Launcher)
-    runner.kernel, runner.compiled, runner.names, runner.cache = Kernel(), True, ["x", "CP"], {}
-    runner._launch((1,), (3,), {"CP": 4})  # compiles
-    runner._launch((1,), (5,), {"CP": 4})  # same key: the compiled kernel, every parameter in order
-    runner._launch((1,), (3,), {"CP": 8})  # another constexpr value: compiles again
+    hooked = types.SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None)  # relaunch through the runner
+    monkeypatch.setattr(launch, "knobs", types.SimpleNamespace(runtime=hooked))
+    runner = compiled_launcher()
+    assert launch.options(CP=4) is launch.options(CP=4) and launch.options(CP=4) is not launch.options(CP=8)
+    runner[(1,)](3, CP=4)  # compiles
+    runner[(1,)](5, CP=4)  # same key: the compiled kernel, every parameter in order
+    runner[(1,)](3, CP=8)  # another constexpr value: compiles again
     device[0] = 1
-    runner._launch((1,), (5,), {"CP": 4})  # another device: compiles again
+    runner[(1,)](5, CP=4)  # another device: compiles again
     assert runner.kernel.compiles == [{"CP": 4}, {"CP": 8}, {"CP": 4}]
-    assert list(runner.cache) == [(0, (launch._spec(3),), (("CP", 4),)), (0, (launch._spec(3),), (("CP", 8),)),
-                                  (1, (launch._spec(3),), (("CP", 4),))]
-    assert runner.cache[(0, (launch._spec(3),), (("CP", 4),))].launched == [(5, 4)]
+    four, eight = launch.options(CP=4), launch.options(CP=8)
+    assert list(runner.cache) == [(0, (launch._spec(3),), four), (0, (launch._spec(3),), eight),
+                                  (1, (launch._spec(3),), four)]
+    compiled, constexprs = runner.cache[(0, (launch._spec(3),), four)]
+    assert constexprs == (4,) and compiled.launched == [((1, 1, 1), (5, 4))]
+
+
+def test_relaunch_calls_the_compiled_launcher_directly_unless_hooked(monkeypatch):
+    """Without launch hooks the compiled kernel's ``run`` gets the grid, the current stream, the function and every
+    parameter (what its runner passes); with a profiler's hooks set the runner itself launches."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(launch, "knobs", types.SimpleNamespace(runtime=hooks))
+    runner = compiled_launcher()
+    runner[(2,)](3, CP=4)  # compiles
+    runner[(2,)](5, CP=4)
+    compiled, _ = runner.cache[(0, (launch._spec(3),), launch.options(CP=4))]
+    assert compiled.ran == [(2, 1, 1, 1234, "function", "metadata", None, None, None, 5, 4)]
+    hooks.launch_enter_hook = print
+    runner[(2,)](6, CP=4)
+    assert compiled.launched == [((2, 1, 1), (6, 4))]
 
 
 def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():

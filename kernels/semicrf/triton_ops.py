@@ -67,7 +67,7 @@ from torch import Tensor
 
 from provable_kernels import alloc, validate
 from provable_kernels.dispatch import triton_usable
-from provable_kernels.launch import launcher
+from provable_kernels.launch import Options, launcher, options
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
 from provable_kernels.semicrf.triton_backward import semicrf_scale_kernel, semicrf_train_kernel
@@ -122,11 +122,6 @@ class _Plan:
         """Kernel ``KR``: entries of a ring (the last K+1 positions)."""
         return self.K + 1
 
-    @property
-    def input_type(self):
-        """Kernel ``FT``: the Triton working dtype (``work_dtype``) of values kept relative to an offset."""
-        return tl.float32 if self.work_dtype == torch.float32 else tl.float64
-
     def new(self, *shape: int, dtype: torch.dtype, zero: bool = False) -> Tensor:
         """A kernel buffer from :func:`provable_kernels.alloc.empty` (poisoned under ``sentinel verify``: an
         element no kernel writes shows); ``zero``: filled with zeros (buffers the kernels accumulate into)."""
@@ -143,10 +138,11 @@ class _Plan:
         """The kernels' size arguments ``(T, K, KR, C)``."""
         return (self.T, self.K, self.ring_size, self.C)
 
-    def meta(self, warps: int) -> dict:
-        """Compile-time arguments shared by the kernels (a memoised dict: do not modify)."""
-        return _meta(self.C, self.K, self.durations_per_chunk, self.trans_3d, self.ps is not None, self.pe is not None,
-                     self.input_type, warps)
+    def options(self, warps: int, *route: tuple) -> Options:
+        """The kernels' constexprs and launch options, with one kernel's ``route`` flags ``(name, value)``
+        (:func:`_options`; one lookup per call)."""
+        return _options(self.C, self.K, self.durations_per_chunk, self.trans_3d, self.ps is not None,
+                        self.pe is not None, self.work_dtype, warps, route)
 
     def inputs(self) -> tuple[Optional[Tensor], ...]:
         """The kernels' input pointers (an absent projection is None)."""
@@ -159,13 +155,21 @@ class _Plan:
         return self.new(*shape, dtype=torch.float64), ring_a
 
 
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
 @functools.lru_cache(maxsize=1024)
-def _meta(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool, has_pe: bool, input_type,
-          warps: int) -> dict:
-    """The kernels' constexpr arguments: ``CP`` labels padded to a power of two, ``DB`` durations per chunk,
-    ``NCHUNK`` chunks, ``FT`` the input dtype."""
-    return dict(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=input_type, CP=triton.next_power_of_2(C),
-                DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk), num_warps=warps, num_stages=1)
+def _options(C: int, K: int, durations_per_chunk: int, trans_3d: bool, has_ps: bool, has_pe: bool,
+             work_dtype: torch.dtype, warps: int, route: tuple) -> Options:
+    """The kernels' constexpr arguments (``CP`` labels padded to a power of two, ``DB`` durations per chunk,
+    ``NCHUNK`` chunks, ``FT`` the working dtype) and launch options, plus ``route``'s ``(name, value)`` pairs of
+    one kernel (a torch dtype stands for the Triton one: cheap to hash), interned
+    (:func:`provable_kernels.launch.options`)."""
+    flags = {name: _TRITON_DTYPES.get(value, value) if isinstance(value, torch.dtype) else value
+             for name, value in route}
+    return options(TRANS_3D=trans_3d, HAS_PS=has_ps, HAS_PE=has_pe, FT=_TRITON_DTYPES[work_dtype],
+                   CP=triton.next_power_of_2(C), DB=durations_per_chunk, NCHUNK=triton.cdiv(K, durations_per_chunk),
+                   num_warps=warps, num_stages=1, **flags)
 
 
 def unit_shapes(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> list:
@@ -262,14 +266,14 @@ def _require_interpreter(device: torch.device) -> None:
                            "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
 
 
-def _forward(plan: _Plan, log: bool, chain, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
+def _forward(plan: _Plan, log: bool, chain: torch.dtype, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
     """Run the forward kernel with the chain dtype ``chain`` (module docstring): ⊕_c alpha[L_b, c] (B,) in the
     input dtype; ``backpointers``: the Viterbi buffers."""
     out = plan.new(plan.B, dtype=plan.cum.dtype)
     bp = backpointers if backpointers is not None else (None, None, None)
-    launcher(semicrf_forward_kernel)[(plan.B,)](
-        *plan.inputs(), out, *plan.rings(), *bp, *plan.sizes(), LOG=log, WRITE_BP=backpointers is not None, CT=chain,
-        **plan.meta(plan.warps))
+    launcher(semicrf_forward_kernel).launch(
+        (plan.B,), (*plan.inputs(), out, *plan.rings(), *bp, *plan.sizes()),
+        plan.options(plan.warps, ("LOG", log), ("WRITE_BP", backpointers is not None), ("CT", chain)))
     return out
 
 
@@ -277,7 +281,7 @@ def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.input_type)
+    return _forward(plan, call.semiring == "log", plan.work_dtype)
 
 
 def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
@@ -295,9 +299,9 @@ def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
     alpha_a, alpha_A, ring, *ring_a = _views(plan.new(layout.scratch_numel, dtype=torch.float64),
                                              layout.scratch)  # FT = float64 here
     logZ = plan.new(plan.B, dtype=plan.cum.dtype)
-    launcher(semicrf_train_kernel)[(plan.B,)](
-        *plan.inputs(), logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum, g_ps, g_pe, g_dur, parts,
-        *plan.sizes(), CT=tl.float64, **plan.meta(plan.backward_warps))
+    launcher(semicrf_train_kernel).launch(
+        (plan.B,), (*plan.inputs(), logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum, g_ps, g_pe,
+                    g_dur, parts, *plan.sizes()), plan.options(plan.backward_warps, ("CT", torch.float64)))
     return logZ, saved
 
 
@@ -338,7 +342,7 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     bp_dur = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     last_label = plan.new(plan.B, dtype=torch.int32)
-    scores = _forward(plan, False, tl.float64, backpointers=(bp_dur, bp_prev, last_label))
+    scores = _forward(plan, False, torch.float64, backpointers=(bp_dur, bp_prev, last_label))
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
