@@ -21,6 +21,10 @@ On CUDA, for B,T,K,C = 32,25,5,20 (launch-bound) and 4,1024,16,12 (latency-bound
 calls, per call, median of ``--repeats`` such loops (the host runs ahead of the GPU, so a stage costs max(host,
 device) time). Prints a table and writes DIR/semicrf_overhead.json.
 
+Run it first on an idle machine: on a lent H200 the same code read 17.5 us for (c) - (d) first in the lease
+and 57-58 us right after a four-minute benchmark on that machine, with no process left running
+(``benchmarks/results/semicrf_overhead_after_benchmark.json``, benchmarks/NOTES-semicrf.md).
+
 Without CUDA it runs under the Triton interpreter (set here) on a tiny shape with few calls: a smoke check of the
 script, not a measurement; (d) is then skipped.
 """
