@@ -19,6 +19,18 @@ def test_spec_separates_what_triton_specializes_on():
     assert launch._spec(None) != launch._spec(False)
 
 
+def test_launch_key_inlines_the_tensor_spec(monkeypatch):
+    """``_key`` computes the tensors' part inline (host time): it must separate exactly what ``_spec`` does."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    opts = launch.options(CP=4)
+    base = torch.zeros(8)
+    for other, same in ((torch.ones(8), True), (base.double(), False), (base[1:], False), (base[4:], True)):
+        assert (launch._key((base, 3), opts) == launch._key((other, 3), opts)) is same
+        assert (launch._spec(base) == launch._spec(other)) is same
+    assert launch._key((base, 3), opts) != launch._key((base, 16), opts)
+    assert launch._key((base, 3), opts) != launch._key((base, 3), launch.options(CP=8))
+
+
 class Compiled:
     """Stands in for a CompiledKernel: records the launches through its runner and through ``run``."""
 
