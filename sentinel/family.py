@@ -216,7 +216,8 @@ class FailureMode:
     trace directory, e.g. ``semicrf/partition-triton.md#numerical-guards`` or ``guide/semicrf.md``; ``sentinel
     trace`` fails when one does not resolve), and the guard or check that covers it. ``checks`` names the verify
     checks whose failure on a route matching ``routes`` shows this symptom (``sentinel verify`` prints the entry
-    next to the reproduce command)."""
+    next to the reproduce command) when the failure's detail holds one of ``signs`` (e.g. ``"NaN"`` for a NaN
+    symptom, ``"grad"`` for a gradient one; empty: any failure of those checks)."""
 
     symptom: str
     read_first: str
@@ -224,6 +225,11 @@ class FailureMode:
     covered_by: str
     checks: tuple[str, ...] = ()
     routes: tuple[str, ...] = ("*",)
+    signs: tuple[str, ...] = ()
+
+    def shown_by(self, check: str, detail: str) -> bool:
+        """Whether a failure of ``check`` with ``detail`` shows this symptom."""
+        return check in self.checks and (not self.signs or any(sign in detail for sign in self.signs))
 
 
 @dataclass(frozen=True)

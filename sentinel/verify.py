@@ -385,13 +385,14 @@ INTERPRETER_WARNINGS = dict(category=RuntimeWarning, module=r"triton\.runtime\.i
 
 
 def failure_routing(families: Sequence[Family], result: RouteResult, check: CheckResult) -> list[str]:
-    """The failure-mode entries of ``result``'s family that a failure of ``check`` on its route shows, one line
-    each: the symptom, the pages to read (under ``traces/``) and what covers it."""
+    """The failure-mode entries of ``result``'s family that a failure of ``check`` on its route shows (the check
+    named, its detail holding one of the entry's signs), one line each: the check and the symptom, the pages to
+    read (under ``traces/``) and what covers it."""
     family = next((f for f in families if f.name == result.family), None)
     modes = [m for m in (family.failure_modes if family else ())
-             if check.name in m.checks and matches(result.id, m.routes)]
-    return [f"failure mode '{m.symptom}': read traces/{m.read_first} first, then traces/{m.then}; "
-            f"covered by {m.covered_by}" for m in modes]
+             if m.shown_by(check.name, check.detail) and matches(result.id, m.routes)]
+    return [f"{check.name} check, failure mode '{m.symptom}': read traces/{m.read_first} first, then "
+            f"traces/{m.then}; covered by {m.covered_by}" for m in modes]
 
 
 def select_routes(families: Sequence[Family], globs: Sequence[str]) -> list[tuple[Family, str]]:

@@ -59,9 +59,20 @@ def test_failed_check_prints_its_failure_mode_next_to_the_repro(monkeypatch, toy
     assert verify("--family", "toy", "--route", "toy.fast") == 1
     lines = capsys.readouterr().out.splitlines()
     repro = next(i for i, line in enumerate(lines) if "reproduce:" in line)
-    assert lines[repro + 1].strip() == ("failure mode 'backend mismatch': read traces/toy/fast.md#routes first, then "
-                                        "traces/toy/index.md#numerical-guards; covered by the reference check")
+    assert lines[repro + 1].strip() == ("reference check, failure mode 'backend mismatch': read traces/toy/fast.md#routes "
+                                        "first, then traces/toy/index.md#numerical-guards; covered by the reference check")
     assert not any("wrong route taken" in line for line in lines)
+
+
+def test_a_failure_mode_shows_only_for_failures_that_hold_its_signs():
+    """A gradient mismatch in the guards check is no 'NaN in the loss' (the hint fits the failure)."""
+    nan = FailureMode("NaN in the loss", "a.md", "b.md", "guards", checks=("guards",), signs=("has NaN",))
+    grads = FailureMode("wrong gradients", "a.md", "b.md", "reference", checks=("guards", "reference"),
+                        signs=("grad",))
+    mismatch = "rows near the clamp: grad_x vs float64 loop: abs 0.167; 16/17 adversarial inputs handled: NaN input"
+    assert not nan.shown_by("guards", mismatch) and grads.shown_by("guards", mismatch)
+    assert nan.shown_by("guards", "all -inf rows: out has NaN") and not grads.shown_by("guards", "out has NaN")
+    assert not grads.shown_by("route", "grad_x vs float64 loop")
 
 
 def test_usage_errors_exit_2(only_toy, capsys):

@@ -103,6 +103,29 @@ def test_guards_neg_inf_huge_logits_and_all_neg_inf_rows(domain, use_triton):
     check(x, 3, domain, eps=1e-3, use_triton=use_triton)
 
 
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_clamp_gradient_convention_at_the_boundary(use_triton):
+    """The log domain's clamp passes the gradient where x >= -1e5, the boundary included, and none below: the
+    gradient at exactly -1e5 equals the one just above it (it is continuous from the right there), and an entry
+    1 below the clamp gets none. Oracle and routes alike, whatever torch's clamp does at its boundary."""
+    base = torch.tensor([[-1e5 + 0.3, 0.0], [1.0, -2.0]], dtype=torch.float64)  # x[0, 1] varies near -1e5
+    weight = torch.tensor([[0.3, -1.0], [2.0, 0.5]], dtype=torch.float64)
+
+    def grad_at(value, fn):
+        x = base.clone()
+        x[0, 1] = value
+        x = x.to(DEVICE).requires_grad_()
+        (fn(x).double() * weight.to(DEVICE)).sum().backward()
+        return x.grad[0, 1].item()
+
+    routes = {"oracle": lambda x: sinkhorn_oracle(x, 5, "log", 0.0),
+              "route": lambda x: sinkhorn(x, 5, "log", use_triton=use_triton)}
+    for name, fn in routes.items():
+        at, above, below = grad_at(-1e5, fn), grad_at(-1e5 + 1e-6, fn), grad_at(-1e5 - 1.0, fn)
+        assert below == 0.0, name
+        assert at != 0.0 and at == pytest.approx(above, rel=1e-4), name
+
+
 def test_all_neg_inf_rows_are_defined():
     x = torch.full((1, 3, 3), float("-inf"), device=DEVICE)
     uniform = torch.full((1, 3, 3), 1 / 3, dtype=torch.float64)

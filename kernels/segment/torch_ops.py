@@ -2,7 +2,8 @@
 
 - sum / mean: ``torch.segment_reduce(..., "sum")`` in float32 (float64 for float64), deterministic;
   mean divides by max(count, 1).
-- max / min: the first-occurrence arg per (segment, column) from a NaN-aware segment maximum of ``SIGN * x``
+- max / min: the first-occurrence arg per (segment, column) from a segment maximum of ``SIGN * x`` (NaN made
+  the top of its segment explicitly, not by torch's NaN ordering)
   and an ``amin`` of the matching row numbers; the value is ``x`` gathered there, so autograd sends the whole
   upstream gradient to that row (each row receives from at most one segment: no summation order to vary).
 - empty segments are replaced by ``empty`` with ``torch.where``: no gradient flows to them.
@@ -31,10 +32,14 @@ def first_arg(x2: Tensor, csr: Tensor, reduce: str) -> Tensor:
     N, D = x2.shape
     S = csr.numel() - 1
     key = (x2 if reduce == "max" else -x2).to(_acc(x2.dtype))
-    top = torch.segment_reduce(key, "max", offsets=csr, axis=0, unsafe=True)  # NaN propagates
+    nan = torch.isnan(key)
+    # NaN ordering written out, not left to segment_reduce: a segment holding a NaN has top NaN in that column
+    top = torch.segment_reduce(key.masked_fill(nan, float("-inf")), "max", offsets=csr, axis=0, unsafe=True)
+    has_nan = torch.segment_reduce(nan.to(key.dtype), "sum", offsets=csr, axis=0, unsafe=True) > 0
+    top = top.masked_fill(has_nan, float("nan"))
     seg = row_segments(csr, N)
     at = top[seg]
-    match = (key == at) | (torch.isnan(key) & torch.isnan(at))
+    match = (key == at) | (nan & torch.isnan(at))
     rows = torch.arange(N, device=x2.device)[:, None].expand(N, D)
     cand = torch.where(match, rows, N)
     init = torch.full((S, D), N, dtype=torch.int64, device=x2.device)

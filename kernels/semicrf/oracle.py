@@ -27,7 +27,22 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 Segmentation = tuple[tuple[int, int, int], ...]
-REDUCE: dict[str, Callable[..., torch.Tensor]] = {"log": torch.logsumexp, "max": torch.amax}  # ⊕ over a dim
+
+
+def log_sum(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """``logsumexp`` over ``dim`` with the project's rule for a line of only -inf terms written out (relying on no
+    torch behaviour there): its value is -inf and it passes no gradient (torch's own gives a NaN gradient)."""
+    top = values.detach().amax(dim, keepdim=True)
+    empty = top == -math.inf
+    shift = torch.where(empty, torch.zeros_like(top), top)
+    weights = torch.exp(torch.where(empty, torch.full_like(values, -math.inf), values - shift))
+    total = weights.sum(dim, keepdim=True)
+    out = torch.where(empty, top, shift + torch.log(torch.where(empty, torch.ones_like(total), total)))
+    return out.squeeze(dim)
+
+
+# ⊕ over a dim. max: torch.amax splits the gradient evenly between exactly tied maxima (torch's documented rule)
+REDUCE: dict[str, Callable[..., torch.Tensor]] = {"log": log_sum, "max": torch.amax}
 
 
 @lru_cache(maxsize=None)
@@ -218,8 +233,8 @@ def naive_partition(cum_scores, transition, duration_bias, lengths, K: int, semi
     keeping every alpha in a Python list, on the device of the inputs; differentiable by torch autograd in every
     tensor argument (shapes as ``semi_crf_streaming_forward``). For ``"max"`` the gradient is the indicator of
     the best segmentation's features (``torch.amax`` splits it evenly between exactly tied maxima, so at a tie
-    it is not an indicator). Values are exact with -inf entries; gradients are only meaningful where every ⊕
-    has a finite term (a logsumexp of only -inf terms has a NaN gradient): use finite inputs for gradients.
+    it is not an indicator). Values are exact with -inf entries; a ⊕ of only -inf terms is -inf and passes no
+    gradient (:func:`log_sum`).
     """
     reduce = REDUCE[semiring]
     cum, trans, dur, ps, pe = _float64_inputs(cum_scores, transition, duration_bias, proj_start, proj_end)

@@ -104,8 +104,9 @@ def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float =
              use_triton: bool = True) -> torch.Tensor:
     """Doubly-stochastic matrices from logits ``x`` (..., n, n); returns the same shape and dtype.
 
-    ``domain="log"``: ``w = max(x, -1e5)``, then ``iters`` times ``w -= logsumexp(w, -1)`` (rows) and
-    ``w -= logsumexp(w, -2)`` (columns); returns ``exp(w)`` (``eps`` unused). ``domain="prob"``:
+    ``domain="log"``: ``w = max(x, -1e5)`` (its gradient flows where ``x >= -1e5`` and is zero below), then
+    ``iters`` times ``w -= logsumexp(w, -1)`` (rows) and ``w -= logsumexp(w, -2)`` (columns); returns ``exp(w)``
+    (``eps`` unused). ``domain="prob"``:
     ``p = softmax(x, -1) + eps``, ``p /= p.sum(-2) + eps``, then ``iters - 1`` times ``p /= p.sum(-1) + eps`` and
     ``p /= p.sum(-2) + eps``. Math in float32 (float64 for float64 inputs); the gradient is the exact gradient
     of this finite loop. An all -inf row is uniform after its first row step (log) or softmaxes to 1/n (prob);

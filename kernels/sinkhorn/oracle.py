@@ -1,12 +1,23 @@
 """Independent float64 reference: the plain loop of the convention, differentiable by autograd.
 
-Imports only torch and the standard library. Rules the loop states explicitly: the log domain clamps at -1e5
-(so an all -inf row becomes uniform after its first row step); in the probability domain an all -inf row
-softmaxes to the uniform row 1/n, and a zero denominator (only possible with eps = 0) divides by 1.
+Imports only torch and the standard library. Rules the loop states explicitly, relying on no torch behaviour at a
+boundary: the log domain clamps at -1e5 with :func:`clamp_low` (the gradient flows where ``x >= -1e5``, the
+boundary included, and is zero below it; an all -inf row becomes uniform after its first row step); in the
+probability domain an all -inf row softmaxes to the uniform row 1/n, and a zero denominator (only possible with
+eps = 0) divides by 1.
 """
 from __future__ import annotations
 
 import torch
+
+
+CLAMP = -1e5
+
+
+def clamp_low(x: torch.Tensor) -> torch.Tensor:
+    """``max(x, -1e5)`` with the project's gradient convention written out: 1 where ``x >= -1e5`` (the boundary
+    included), 0 below (``torch.clamp``'s gradient at the boundary changed between torch releases)."""
+    return torch.where(x >= CLAMP, x, torch.full_like(x, CLAMP))
 
 
 def _nonzero(d: torch.Tensor) -> torch.Tensor:
@@ -17,7 +28,7 @@ def sinkhorn_oracle(x: torch.Tensor, iters: int, domain: str, eps: float) -> tor
     """The convention in float64 on ``x`` (..., n, n); returns float64. Gradients flow when ``x`` requires them."""
     x = x.to(torch.float64)
     if domain == "log":
-        w = torch.clamp(x, min=-1e5)
+        w = clamp_low(x)
         for _ in range(iters):
             w = w - torch.logsumexp(w, dim=-1, keepdim=True)
             w = w - torch.logsumexp(w, dim=-2, keepdim=True)
@@ -43,7 +54,7 @@ def sinkhorn_scaling_oracle(x: torch.Tensor, iters: int, domain: str, eps: float
     """
     x = x.to(torch.float64)
     if domain == "log":
-        w = torch.clamp(x, min=-1e5)
+        w = clamp_low(x)
         K = torch.exp(w - w.amax(dim=-1, keepdim=True).detach())
         c = torch.ones_like(K[..., :1, :])
         for _ in range(iters):
