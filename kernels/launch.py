@@ -13,11 +13,31 @@ under the Triton interpreter, goes through ``kernel[grid]`` itself.
 from __future__ import annotations
 
 import inspect
+import math
+import struct
 from typing import Any
 
 import torch
 import triton
 from triton import knobs
+
+from provable_kernels.dispatch import interpreter_enabled
+
+FLOAT32_TINY, FLOAT32_MAX = 2.0 ** -126, (2.0 - 2.0 ** -23) * 2.0 ** 127
+
+
+def float_halves(value: float) -> tuple[float, float]:
+    """``value`` as two float32 numbers ``(hi, lo)`` whose float64 sum is ``value`` to about 48 bits (``lo = 0``
+    for 0 and infinities): a kernel's float argument is float32, and a per-call scalar tensor would cost an
+    allocation and a launch. The kernel side is :func:`provable_kernels.triton_math.float_scalar`. A finite
+    nonzero ``value`` must lie in float32's normal range (callers validate their arguments against it)."""
+    if value == 0.0 or not math.isfinite(value):
+        return value, 0.0
+    if not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:  # verify: unreached (callers validate the range)
+        raise ValueError(f"{value!r} lies outside float32's normal range")
+    hi = struct.unpack("f", struct.pack("f", value))[0]
+    return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
+
 
 def _spec(arg: Any) -> Any:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
     """What Triton may specialize ``arg`` on (a superset): a tensor's dtype and 16-byte alignment; an int's width
@@ -39,6 +59,12 @@ def _key(args: tuple, options: "Options") -> tuple:  # verify: unreached (compil
     and launch options by exact value)."""
     specs = tuple([(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else _spec(a) for a in args])
     return torch.cuda.current_device(), specs, options
+
+
+LATE_INTERPRETER = (
+    "TRITON_INTERPRET=1 was set after the Triton kernels of provable_kernels were imported, so they were built for a "
+    "GPU driver: set it before the first import of provable_kernels (e.g. in the shell environment), or pass "
+    "use_triton=False for the PyTorch backend on the CPU")
 
 
 class Options:
@@ -83,8 +109,12 @@ class Launcher:
         if not self.compiled:  # the Triton interpreter: kernel[grid] itself
             self.kernel[grid](*args, **opts.meta)
             return
-        # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
-        self._launch_compiled(grid, args, opts)
+        try:  # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
+            self._launch_compiled(grid, args, opts)
+        except Exception as exc:
+            if interpreter_enabled():  # the kernels were built for a GPU driver before TRITON_INTERPRET was set
+                raise RuntimeError(LATE_INTERPRETER) from None
+            raise exc
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
     def _launch_compiled(self, grid: tuple, args: tuple, opts: Options) -> None:

@@ -1,4 +1,5 @@
-"""-inf-safe reductions and value checks for Triton kernels (``@triton.jit`` helpers any family's kernels can call).
+"""-inf-safe reductions, value checks and float scalars for Triton kernels (``@triton.jit`` helpers any family's
+kernels can call).
 
 Log-space kernels hold -inf for forbidden choices, and a slice can be all -inf. A naive logsumexp
 ``max + log(sum(exp(x - max)))`` then computes ``-inf - -inf = NaN``. Every helper here shifts by
@@ -68,3 +69,13 @@ def span_nonfinite(ptr, n, ALLOW_NEG_INF: tl.constexpr, BLOCK: tl.constexpr):
         x = tl.load(ptr + offs, mask=offs < n, other=0.0)
         bad = bad | nonfinite(x, ALLOW_NEG_INF).to(tl.int32)
     return tl.max(bad, 0) != 0
+
+
+@triton.jit
+def float_scalar(HI, LO, F64: tl.constexpr):
+    """A float argument in the compute dtype from its two float32 halves (a Python float reaches a kernel as
+    float32; :func:`provable_kernels.launch.float_halves` splits it on the host): float64 adds them (about 48 bits of
+    the value), float32 takes ``HI``."""
+    if F64:
+        return tl.full((), HI, tl.float64) + tl.full((), LO, tl.float64)
+    return tl.full((), HI, tl.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import operator
+import os
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
@@ -198,14 +199,27 @@ class DataChecks:
 
 
 VALUE_CHECK_MODES = ("auto", "sync", "device")
-_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("_MODE", default="auto")
+VALUE_CHECKS_ENV = "PROVABLE_KERNELS_VALUE_CHECKS"  # the default of value_checks for a whole run, e.g. "sync"
+
+
+def _default_mode() -> str:
+    mode = os.environ.get(VALUE_CHECKS_ENV, "auto") or "auto"
+    if mode not in VALUE_CHECK_MODES:
+        raise ValueError(f"environment variable {VALUE_CHECKS_ENV} must be one of {list(VALUE_CHECK_MODES)}, "
+                         f"got {mode!r}")
+    return mode
+
+
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("_MODE", default=_default_mode())
 
 
 @contextlib.contextmanager
 def value_checks(mode: str) -> Iterator[None]:
     """Choose the host-sync policy of value checks inside the block: ``"auto"`` (default: host mode for CPU
-    tensors, device mode for CUDA ones), ``"sync"`` (host mode, i.e. named errors before any work, at the cost
-    of one host sync per call: a debugging switch for GPU training loops) or ``"device"`` (never a host read).
+    tensors, device mode for CUDA ones), ``"sync"`` (strict: host mode, i.e. named errors before any work, at the
+    cost of one host sync per call: a debugging switch for GPU training loops) or ``"device"`` (never a host
+    read). The environment variable ``PROVABLE_KERNELS_VALUE_CHECKS`` (read at import) sets the default for a
+    whole run, e.g. ``PROVABLE_KERNELS_VALUE_CHECKS=sync python train.py``.
     Under ``torch.compile``, CUDA-graph capture, meta/fake tensors and ``torch.func`` transforms the checks run
     in device mode whatever the setting (a host read is impossible there)."""
     choice("mode", mode, VALUE_CHECK_MODES)

@@ -118,3 +118,25 @@ def test_at_sync_point_reads_on_the_host_even_in_device_mode():
     assert not checks.deferred
     with pytest.raises(ValueError, match="^scores contains NaN or inf"):
         checks.flag()
+
+
+def test_environment_variable_sets_the_mode_for_a_whole_run():
+    """PROVABLE_KERNELS_VALUE_CHECKS=device makes a CPU call poison instead of raising; =sync is the strict mode;
+    an unknown value is refused at import with the variable named."""
+    import subprocess
+    import sys
+
+    program = ("import math, torch\nfrom provable_kernels.sinkhorn import sinkhorn\n"
+               "x = torch.zeros(2, 3, 3); x[1, 0, 0] = math.nan\n"
+               "out = sinkhorn(x, use_triton=False)\n"
+               "print(bool(out[0].isfinite().all()), bool(out[1].isnan().all()))")
+
+    def run(mode):
+        env = {**__import__("os").environ, validate.VALUE_CHECKS_ENV: mode}
+        return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env)
+
+    assert run("device").stdout.split() == ["True", "True"]
+    strict = run("sync")
+    assert strict.returncode != 0 and "ValueError: x contains NaN" in strict.stderr
+    wrong = run("loose")
+    assert wrong.returncode != 0 and "PROVABLE_KERNELS_VALUE_CHECKS must be one of" in wrong.stderr

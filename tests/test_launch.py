@@ -1,6 +1,11 @@
 """provable_kernels.launch: the cache key covers everything Triton specializes a launch on."""
+import os
+import subprocess
+import sys
+import textwrap
 import types
 
+import pytest
 import torch
 import triton.language as tl
 
@@ -113,3 +118,28 @@ def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():
     launch.launcher(kernel)[(2,)](1, 2, FLAG=True)
     launch.launcher(kernel)[(2,)](1, 2, FLAG=True)
     assert calls == [((2,), (1, 2), {"FLAG": True})] * 2  # not a JITFunction: every call goes through kernel[grid]
+
+
+LATE_CALLS = {
+    "semicrf": "from provable_kernels.semicrf import semi_crf_streaming_forward as f\n"
+               "call = lambda: f(torch.zeros(1, 3, 2), torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([2]), 2)",
+    "sinkhorn": "from provable_kernels.sinkhorn import sinkhorn\ncall = lambda: sinkhorn(torch.zeros(2, 3, 3))",
+    "segment": "from provable_kernels.segment import segment_reduce\n"
+               "call = lambda: segment_reduce(torch.ones(4, 2), 'sum', offsets=torch.tensor([0, 1, 4]))",
+}
+
+
+@pytest.mark.parametrize("family", sorted(LATE_CALLS))
+def test_interpreter_switched_on_after_import_says_what_to_do(family):
+    """Every family gives the same clear error, not Triton's raw driver error, when TRITON_INTERPRET=1 is set after
+    its kernels were built for a GPU driver."""
+    script = "import os, torch\n" + LATE_CALLS[family] + textwrap.dedent("""
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            call()
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert launch.LATE_INTERPRETER in done.stdout, done.stderr

@@ -193,6 +193,8 @@ def test_modules():
     ((torch.zeros(2, 2), 2, "exp"), ValueError, "^domain must be one of"),
     ((torch.zeros(2, 2), 2, "prob", -1e-3), ValueError, "^eps must be a finite number >= 0"),
     ((torch.zeros(2, 2), 2, "prob", "1e-3"), TypeError, "^eps must be a real number"),
+    ((torch.zeros(2, 2), 2, "prob", 1e-300), ValueError, "^eps must be 0 or lie in"),
+    ((torch.randn(2, 0, 0),), ValueError, r"^x must have n >= 1"),
 ])
 def test_bad_inputs(args, error, message):
     with pytest.raises(error, match=message):

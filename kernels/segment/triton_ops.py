@@ -34,6 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from provable_kernels import alloc
+from provable_kernels.launch import launcher
 from provable_kernels.segment.triton_segment import (
     segment_backward_kernel,
     segment_chunk_count_kernel,
@@ -141,8 +142,8 @@ def _chunks(csr: Tensor, S: int, grid_chunks: int, chunk: int) -> tuple[Tensor, 
     each chunk the grid covers (S past the last real chunk). One counting kernel, an in-place cumsum, a
     searchsorted."""
     first = alloc.empty((S + 1,), dtype=torch.int32, device=csr.device)
-    segment_chunk_count_kernel[(triton.cdiv(S + 1, COUNT_SEGMENTS),)](csr, first, S, R=chunk, BS=COUNT_SEGMENTS,
-                                                                      num_warps=4)
+    launcher(segment_chunk_count_kernel)[(triton.cdiv(S + 1, COUNT_SEGMENTS),)](
+        csr, first, S, R=chunk, BS=COUNT_SEGMENTS, num_warps=4)
     first.cumsum_(0)
     chunk_ids = torch.arange(grid_chunks, dtype=torch.int32, device=csr.device)
     return first, torch.searchsorted(first[1:], chunk_ids, right=True, out_int32=True)
@@ -171,11 +172,11 @@ def forward(x2: Tensor, csr: Tensor, ids: Optional[Tensor], reduce: str, empty: 
     part_v = alloc.empty((max_chunks, D) if split else (0,), dtype=acc_torch, device=device)
     part_i = alloc.empty((max_chunks, D) if split and code >= 2 else (0,), dtype=torch.int32, device=device)
     empty_value = torch.full((1,), empty, dtype=x2.dtype, device=device)
-    segment_chunk_kernel[(programs, column_blocks)](
+    launcher(segment_chunk_kernel)[(programs, column_blocks)](
         x2, csr, first, chunk_seg, empty_value, out, arg, part_v, part_i, D, S, x2.stride(0), x2.stride(1),
         R=p.chunk, G=p.groups, L=p.lanes, BD=p.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=4)
     if split:
-        segment_combine_kernel[(triton.cdiv(S, p.combine_groups), column_blocks)](
+        launcher(segment_combine_kernel)[(triton.cdiv(S, p.combine_groups), column_blocks)](
             csr, first, part_v, part_i, out, arg, D, S, G=p.combine_groups, L=p.combine_lanes, BD=p.block_d,
             REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=4)
     return out, arg
@@ -192,7 +193,7 @@ def backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Ten
     block_n, block_d = backward_tile(rows, D, grad.device.type == "cpu")
     tile_seg = _first_segments(csr, ids, torch.arange(0, rows, block_n, device=grad.device))
     code = REDUCE_CODE[reduce]
-    segment_backward_kernel[(triton.cdiv(rows, block_n), triton.cdiv(D, block_d))](
+    launcher(segment_backward_kernel)[(triton.cdiv(rows, block_n), triton.cdiv(D, block_d))](
         grad, ids if ids is not None else csr, csr, tile_seg, arg if code >= 2 else gx, gx, rows, D, S,
         grad.stride(0), grad.stride(1), BN=block_n, BD=block_d, BK=BOUNDARY_WINDOW, IDS=ids is not None,
         REDUCE=code, ACC=_acc(grad.dtype)[1], num_warps=4)

@@ -114,7 +114,7 @@ def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stri
     return value, first
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
 def segment_chunk_count_kernel(offsets_ptr, first_ptr, S, R: tl.constexpr, BS: tl.constexpr):
     """``first[k]`` = the chunk count of segment k - 1 (max(1, ceil(len / R)); 0 for k = 0): an inclusive cumsum
     of it (done by the host side) is the first chunk of every segment. One pass over the offsets."""
@@ -126,7 +126,7 @@ def segment_chunk_count_kernel(offsets_ptr, first_ptr, S, R: tl.constexpr, BS: t
     tl.store(first_ptr + k, count.to(tl.int32), mask=k <= S)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
 def segment_chunk_kernel(
     x_ptr, offsets_ptr, first_ptr, chunk_seg_ptr, empty_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr,
     D, S, stride_xn, stride_xd,
@@ -170,7 +170,7 @@ def segment_chunk_kernel(
         tl.store(part_i_ptr + part_at, i, mask=split)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
 def segment_combine_kernel(
     offsets_ptr, first_ptr, part_v_ptr, part_i_ptr, out_ptr, arg_ptr, D, S,
     G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr,
@@ -201,7 +201,7 @@ def segment_combine_kernel(
         tl.store(arg_ptr + out_at, i, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
 def segment_backward_kernel(
     g_ptr, ids_ptr, offsets_ptr, tile_seg_ptr, arg_ptr, gx_ptr,
     N, D, S, stride_gs, stride_gd,

@@ -225,12 +225,6 @@ def _views(flat: Tensor, layout: tuple) -> list[Tensor]:
     return [flat.as_strided(shape, strides, offset) for shape, strides, offset in layout]
 
 
-def _interpreted() -> bool:
-    """Whether the kernels were created under the Triton interpreter (``TRITON_INTERPRET=1`` when this module was
-    first imported: ``@triton.jit`` decides at decoration time)."""
-    return not isinstance(semicrf_forward_kernel, triton.runtime.JITFunction)
-
-
 def _contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
     return None if x is None else x.contiguous()
 
@@ -257,14 +251,11 @@ def _plan(call: object, semiring: Optional[str] = None, training: bool = False) 
 
 
 def _require_interpreter(device: torch.device) -> None:
-    """On a device other than CUDA the kernels run only under the Triton interpreter, set before they were built."""
+    """On a device other than CUDA the kernels run only under the Triton interpreter (set before they were built:
+    otherwise the launch says so, :data:`provable_kernels.launch.LATE_INTERPRETER`)."""
     if not triton_usable(device):  # verify: unreached (internal guard: the tree checks the device)
         raise ValueError(f"cum_scores must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1) for the "
                          f"Triton backend, got {device}")
-    if not _interpreted():  # verify: unreached (interpreter set late: tests/test_semicrf_training.py)
-        raise RuntimeError("TRITON_INTERPRET=1 was set after the semi-CRF Triton kernels were imported, so they were "
-                           "built for a GPU driver: set it before the first import of provable_kernels (e.g. in the "
-                           "shell environment), or pass use_triton=False for the PyTorch backend on the CPU")
 
 
 def _forward(plan: _Plan, log: bool, chain: torch.dtype, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:

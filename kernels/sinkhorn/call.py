@@ -1,8 +1,8 @@
 """The Sinkhorn call every route receives, and its validation (imports no backend).
 
 ``sinkhorn(x, iters=20, domain="log", eps=1e-6)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
-any number of leading dims (none included); ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``; ``eps`` a
-real number >= 0 (used by ``"prob"`` only). -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
+any number of leading dims (none included), n >= 1; ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``;
+``eps`` 0 or a real number in float32's normal range 2**-126 .. 2**127 (used by ``"prob"`` only). -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
 policy (:func:`validate.host_reads_allowed`): in host mode a ``ValueError`` (one host read, before any work); in
 device mode no check here: every backend returns NaN for each matrix that holds one, and NaN gradients for it.
 """
@@ -43,6 +43,8 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
         raise ValueError(f"x must have at least 2 dims (..., n, n), got shape {tuple(x.shape)}")
     if x.shape[-1] != x.shape[-2]:
         raise ValueError(f"x must be square in its last two dims (..., n, n), got shape {tuple(x.shape)}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have n >= 1 in its last two dims (..., n, n), got shape {tuple(x.shape)}")
     iters = validate.positive_int("iters", iters)
     domain = validate.choice("domain", domain, DOMAINS)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
@@ -50,6 +52,8 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
     eps = float(eps)
     if not (math.isfinite(eps) and eps >= 0.0):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if eps and not 2.0 ** -126 <= eps <= 2.0 ** 127:  # the kernels take eps as float32 halves
+        raise ValueError(f"eps must be 0 or lie in 2**-126 .. 2**127 (float32's normal range), got {eps}")
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     if validate.host_reads_allowed(x):  # host mode: one host read, a named error before any work

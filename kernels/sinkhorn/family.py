@@ -299,6 +299,7 @@ BAD_INPUTS = cases.standard_bad_inputs(ALL, ("x",), rejects_nan=("x",), rejects_
     _bad("x", "non-square (n, n+1)", lambda c: torch.cat([_x(c), _x(c)[..., :1]], -1), ALL),
     _bad("x", "1-D", lambda c: _x(c).reshape(-1), ALL),
     _bad("x", "int32", lambda c: _x(c).to(torch.int32), ALL),
+    _bad("x", "n = 0", lambda c: _x(c)[..., :0, :0], ALL),
     _bad("iters", "0", 0, WITH_DOMAIN),
     _bad("iters", "2.0", 2.0, WITH_DOMAIN),
     _bad("iters", "True", True, WITH_DOMAIN),
@@ -308,6 +309,7 @@ BAD_INPUTS = cases.standard_bad_inputs(ALL, ("x",), rejects_nan=("x",), rejects_
     _bad("eps", "-1e-3", -1e-3, WITH_DOMAIN),
     _bad("eps", "a string", "0.001", WITH_DOMAIN),
     _bad("eps", "NaN", math.nan, WITH_DOMAIN),
+    _bad("eps", "1e-300 (below float32's normal range)", 1e-300, WITH_DOMAIN),
     _bad("use_triton", "a string", "yes", FUNCTION_ROUTES),
 )
 

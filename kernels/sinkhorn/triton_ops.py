@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from provable_kernels import alloc
+from provable_kernels import alloc, launch
 from provable_kernels.sinkhorn import triton_sinkhorn as kernels
 
 MAX_N = 64
@@ -37,21 +37,29 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=None)
-def plan(B: int, n: int, device: torch.device) -> Plan:
-    """Pack as many matrices per program as fit ``TILE`` while keeping ``PROGRAMS_PER_SM`` programs per SM when
-    the batch allows (so B = 32 and B = 1M both spread over the GPU), with ``ENTRIES_PER_THREAD`` entries of the
-    tile per thread. At NB <= 4 the kernels' row-by-row loads put whole matrices in one thread (one 4 x 4 matrix
-    per thread at n = 3, 4): row and column sums are additions in registers. At NB >= 8 a thread holds one row of
-    a matrix and the column sums cross the lanes of a warp. Under the interpreter
-    (CPU), where programs run one after another and each operation costs the same at any tile size, pack as much
-    as fits ``TILE``."""
+def _packings(n: int, device: torch.device) -> tuple[int, int, int, int]:
+    """``(NB, small BM, large BM, threshold)`` for matrices of size ``n`` on ``device``: a batch of at least
+    ``threshold`` matrices packs ``large`` per program, a smaller one ``small``. Two buckets, so that a batch size
+    that changes every step compiles at most two variants of each kernel (the sizes themselves are runtime
+    arguments)."""
     NB = triton.next_power_of_2(n)
     cap = max(1, TILE // (NB * NB))
     if device.type == "cuda":  # verify: unreached (CUDA only; coverage is measured under the interpreter)
-        want = max(1, B // (PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count))
-        BM = min(cap, 1 << (want.bit_length() - 1))
-    else:
-        BM = min(cap, triton.next_power_of_2(max(B, 1)))
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return NB, max(1, cap // 16), cap, cap * PROGRAMS_PER_SM * sms
+    return NB, cap, cap, 0
+
+
+def plan(B: int, n: int, device: torch.device) -> Plan:
+    """Pack ``TILE`` entries per program (``large``) once the batch keeps ``PROGRAMS_PER_SM`` such programs per SM
+    busy, else a sixteenth of that (``small``: B = 32 and B = 1M both spread over the GPU), with
+    ``ENTRIES_PER_THREAD`` entries of the tile per thread. At NB <= 4 the kernels' row-by-row loads put whole
+    matrices in one thread (one 4 x 4 matrix per thread at n = 3, 4): row and column sums are additions in
+    registers. At NB >= 8 a thread holds one row of a matrix and the column sums cross the lanes of a warp. Under
+    the interpreter (CPU), where programs run one after another and each operation costs the same at any tile
+    size, pack as much as fits ``TILE``."""
+    NB, small, large, threshold = _packings(n, device)
+    BM = large if B >= threshold else small
     tile = BM * NB * NB
     return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // (32 * ENTRIES_PER_THREAD))))
 
@@ -86,11 +94,11 @@ def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, pr
         common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
     steps = (iters, stride) if backward else (iters,)
     if domain == "log":
-        log_kernel[(p.grid,)](*tensors, B, *steps, RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+        opts = launch.options(RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+        launch.launcher(log_kernel).launch((p.grid,), (*tensors, B, *steps), opts)
     else:
-        # eps as a one-element tensor in the compute dtype: a Python float argument reaches the kernel as float32
-        eps_tensor = torch.full((1,), eps, dtype=torch.float64 if f64 else torch.float32, device=x.device)
-        prob_kernel[(p.grid,)](*tensors, B, *steps, eps_tensor, **common)
+        launch.launcher(prob_kernel).launch((p.grid,), (*tensors, B, *steps, *launch.float_halves(eps)),
+                                            launch.options(**common))
 
 
 def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:

@@ -24,8 +24,13 @@ Backward in matrix form: each normalisation ``w' = w - lse(w)`` has the adjoint 
 import triton
 import triton.language as tl
 
+from provable_kernels.triton_math import float_scalar
+
 CLAMP = tl.constexpr(-1e5)  # the log-domain convention's floor: w = max(x, -1e5)
 GAP = tl.constexpr(50.0)  # flagged entries this far below a line's largest entry weigh nothing: 64 exp(-50) < 2^-53
+# Runtime sizes, never specialised on: a new batch size or iteration count compiles nothing.
+SIZES = ("B", "ITERS")
+BACKWARD_SIZES = ("B", "ITERS", "STRIDE")
 
 
 @triton.jit
@@ -231,7 +236,7 @@ def _log_replay(L, F, K, k, use_log, valid, rows, cols):
     return S, Q
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZES)
 def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                        F64: tl.constexpr, RMAX: tl.constexpr):
     pid = tl.program_id(0)
@@ -241,7 +246,7 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
     _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BACKWARD_SIZES)
 def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constexpr, NB: tl.constexpr,
                         BM: tl.constexpr, F64: tl.constexpr, RMAX: tl.constexpr, CP: tl.constexpr):
     """Reverse sweep over the steps k = ITERS..1. Scaling form: a first forward pass keeps the column scalings
@@ -308,12 +313,12 @@ def _prob_step(p0, r, c, idx, eps):
     return r, c * _rcp(dc), dr, dc
 
 
-@triton.jit
-def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+@triton.jit(do_not_specialize=SIZES)
+def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
                         F64: tl.constexpr):
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
-    eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
+    eps = float_scalar(EPS_HI, EPS_LO, F64)  # eps as two float32 halves: no per-call tensor
     s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     r = tl.where(rows, 1.0, 0.0).to(p0.dtype)
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
@@ -322,14 +327,14 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, eps_ptr, N: tl.constexpr, NB: 
     _store(out_ptr, tl.where(bad, float("nan"), r * p0 * c), pid, B, N, NB, BM)
 
 
-@triton.jit
-def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, eps_ptr, N: tl.constexpr, NB: tl.constexpr,
+@triton.jit(do_not_specialize=BACKWARD_SIZES)
+def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, EPS_HI, EPS_LO, N: tl.constexpr, NB: tl.constexpr,
                          BM: tl.constexpr, F64: tl.constexpr, CP: tl.constexpr):
     """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
     STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
-    eps = tl.load(eps_ptr)  # a tensor in the compute dtype: a Python float argument would be float32
+    eps = float_scalar(EPS_HI, EPS_LO, F64)  # eps as two float32 halves: no per-call tensor
     s, p0, flat, bad = _prob_prepare(x_ptr, pid, B, valid, eps, N, NB, BM, F64)
     slots_r = tl.arange(0, CP)[None, None, :]
     slots_c = tl.arange(0, CP)[None, :, None]
