@@ -5,6 +5,7 @@
     python -m benchmarks analyze --input DIR/benchmark_full.csv --output-dir DIR/plots [--format png|pdf]
         [--baseline NAME]
     python -m benchmarks gpu --out DIR [--budget-s 480] [--families semicrf,sinkhorn,segment] [--archive F.tar.gz]
+    python -m benchmarks overhead --out DIR [--families semicrf,sinkhorn,segment] [--calls 300]
     python -m benchmarks site [--check]
 
 ``run`` without axis flags runs the family's anchor configurations (the shapes its targets name); any axis flag
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--archive", type=Path, help="also pack OUT into this .tar.gz (few files to carry back)")
     add_run_arguments(gpu)
 
+    from benchmarks import overhead
+
+    overhead.add_arguments(sub.add_parser("overhead", help="public calls against a trivial torch op: wall time, "
+                                          "launches, first-call compile time"))
     site = sub.add_parser("site", help="write the benchmark pages of the trace site from committed results")
     site.add_argument("--results", type=Path, default=RESULTS)
     site.add_argument("--check", action="store_true", help="exit 1 when a page is not current (nothing written)")
@@ -121,6 +126,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         written = analyze(args.input, args.output_dir, args.format, args.baseline, plots=not args.tables_only)
         print(f"wrote {len(written)} files to {args.output_dir}")
         return 0
+    if args.command == "overhead":
+        from benchmarks import overhead
+
+        return overhead.run(args)
     if args.command == "site":
         from benchmarks.site import write_pages
 

@@ -59,6 +59,17 @@ class Deadline:
 # ------------------------------------------------------------------------------------------------ failures
 
 
+def device_launches(fn: Callable[[], Any]) -> int:
+    """CUDA kernels, copies and memsets that one call of ``fn`` puts on the device (``torch.profiler``, after a
+    warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def failure_status(exc: BaseException) -> str:
     """``oom`` for an out-of-memory error (CUDA or host), else ``error: Type: message`` (one line, truncated)."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -3,6 +3,7 @@
 #     bash benchmarks/gpu_session.sh verify    # sentinel verify --device cuda --record, GPU tests, precision check
 #     bash benchmarks/gpu_session.sh sanitize  # the same under compute-sanitizer (--sanitize), recorded
 #     bash benchmarks/gpu_session.sh bench     # every family's default benchmark grid and its analysis
+#     bash benchmarks/gpu_session.sh overhead  # public calls against a trivial torch op (benchmarks/overhead.py)
 # Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
 # duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
 # passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 90,
@@ -18,7 +19,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench}
+PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead}
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
 VERIFY_FAMILIES=${VERIFY_FAMILIES:-semicrf sinkhorn segment}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
@@ -28,7 +29,7 @@ TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
 BENCH_BUDGET=${BENCH_BUDGET:-130}
 BENCH_FAMILIES=${BENCH_FAMILIES:-semicrf,sinkhorn,segment}
-GPU_TESTS="tests/test_semicrf_triton.py tests/test_sinkhorn.py"  # test files whose kernels run on the GPU here
+GPU_TESTS="tests/test_semicrf_triton.py tests/test_sinkhorn.py tests/test_segment.py tests/test_gpu_call_path.py"
 LOG=$OUT/session.log
 CODES=$OUT/exit_codes.txt
 : >"$LOG"
@@ -76,6 +77,8 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \
       --only correctness,precision --budget "$CHECK_BUDGET"
   fi
+elif [ "$PHASE" = overhead ]; then
+  step overhead python3 -m benchmarks overhead --out "$OUT"
 else
   # Each family keeps to its budget; the margin covers imports, analysis and one slow call begun near a deadline.
   nfam=$(echo "$BENCH_FAMILIES" | tr ',' '\n' | wc -l)

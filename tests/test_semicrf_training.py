@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch

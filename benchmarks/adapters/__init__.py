@@ -13,7 +13,8 @@ A family's adapter module (``benchmarks/adapters/<family>.py``) defines ``ADAPTE
 - ``floor(config, phase)``: bytes moved and sequential steps of the hardware floor;
 - ``derived(config)``: extra columns (sizes the analysis plots against), ``size_column`` the work count that
   throughput divides by, ``plot_axes`` the x axes of the analysis plots;
-- ``order(config)``: configurations sharing compiled kernels sort next to each other, cheapest first.
+- ``order(config)``: configurations sharing compiled kernels sort next to each other, cheapest first;
+- ``overhead_shapes`` and ``peer``: what the public-call overhead report measures (``benchmarks/overhead.py``).
 
 Adapters import their family lazily (inside ``build`` and the implementations), so that this package and the
 analysis work where a family is not installed.
@@ -91,6 +92,10 @@ class Adapter:
     memory_column: str = ""  # the count memory is divided by in the analysis (default: size_column)
     packages: tuple[str, ...] = ()
     phases: tuple[str, ...] = PHASES
+    # the overhead report (benchmarks/overhead.py): a launch-bound configuration, then the headline one, and the
+    # implementation whose public call ours is compared with
+    overhead_shapes: tuple[dict, ...] = ()
+    peer: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def impl(self, name: str) -> Impl:

@@ -150,6 +150,9 @@ ADAPTER = Adapter(
     plot_axes=("N", "D", "avg_length"),
     # cheapest first; one-segment configurations last (torch.segment_reduce takes seconds there)
     order=lambda c: (c["dtype"], c["S"] == 1, c["N"] * c["D"], c["D"], c["S"], c["dist"], c["reduce"]),
+    overhead_shapes=({"N": 100000, "D": 16, "S": 1000, "dist": "random", "reduce": "sum", "dtype": "float32"},
+                     {"N": 4194304, "D": 64, "S": 65536, "dist": "random", "reduce": "sum", "dtype": "float32"}),
+    peer="torch-offsets",
     notes=("no empty segments; int64 indices prepared untimed",
            "floor bytes: x read + output written (+ int32 argmax for max/min with backward); backward: upstream "
            "(+ argmax) read, grad_x written"),

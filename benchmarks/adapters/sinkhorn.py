@@ -164,6 +164,9 @@ ADAPTER = Adapter(
     plot_axes=("B", "n"),
     order=lambda c: (c["dtype"], c["B"] * c["n"] ** 2, c["n"], c["domain"]),  # cheapest first; caches persist
     packages=("liger-kernel",),
+    overhead_shapes=({"B": 4096, "n": 4, "iters": 20, "domain": "prob", "dtype": "float32"},
+                     {"B": 100003, "n": 4, "iters": 20, "domain": "prob", "dtype": "float32"}),
+    peer="liger",
     notes=("naive: the family's definition as a PyTorch loop; compile: torch.compile(naive, dynamic=True)",
            "liger: mhc_split_sinkhorn_fwd (alpha 1, bias 0) and mhc_sinkhorn_bwd (recompute), prob domain"),
 )

@@ -136,9 +136,9 @@ def semicrf_train_kernel(
     out,  # (B,): logZ in out's dtype
     ring, ring_a,  # scratch (B, KR, C) float64: the forward's rings, then ``ring`` is the outside ring
     alpha_a, alpha_A,  # scratch: a[t] (B, T+1, C) and float64 offsets A[t] (B, T+1) kept by the forward
-    g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2, zero-filled
-    g_dur, g_trans,  # float64 per-sequence sums, zero-filled: row b of a (B, C*C | K*C*C + K*C) buffer holds its
-                     # transition sums at g_trans and its (K, C) duration sums right after, at g_dur
+    g_cum, g_ps, g_pe,  # (B, T+1, C), (B, T, C) x2: every element written here (zeros past the length)
+    g_dur, g_trans,  # float64 per-sequence sums: row b of a (B, C*C | K*C*C + K*C) buffer holds its transition sums
+                     # at g_trans (3-D: zeroed here, then accumulated) and its (K, C) duration sums right after
     T, K, KR, C,
     TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
@@ -171,6 +171,24 @@ def semicrf_train_kernel(
     g_trans += b * part
     cols = tl.arange(0, CP)
     cmask = cols < C
+    # the rows the recursion does not reach (past the length) are zeros, and the sums accumulated in memory (3-D
+    # transitions, durations past the first chunk) start at zero: written here, so that no launch zero-fills them
+    for t in range(L + 1, T + 1):
+        tl.store(g_cum + t * C + cols, tl.zeros((CP,), g_cum.dtype.element_ty), mask=cmask)
+    for t in range(L, T):
+        if HAS_PS:
+            tl.store(g_ps + t * C + cols, tl.zeros((CP,), g_ps.dtype.element_ty), mask=cmask)
+        if HAS_PE:
+            tl.store(g_pe + t * C + cols, tl.zeros((CP,), g_pe.dtype.element_ty), mask=cmask)
+    if TRANS_3D:
+        for k in range(K):
+            tl.store(g_trans + k * C * C + cols[:, None] * C + cols[None, :], tl.zeros((CP, CP), tl.float64),
+                     mask=cmask[:, None] & cmask[None, :])
+    for k in range(1, NCHUNK):  # durations past the first chunk accumulate in g_dur (chunk 0 in registers)
+        d = k * DB + 1 + tl.arange(0, DB)
+        tl.store(g_dur + (d - 1)[:, None] * C + cols[None, :], tl.zeros((DB, CP), tl.float64),
+                 mask=(d <= K)[:, None] & cmask[None, :])
+    tl.debug_barrier()  # the accumulated sums are read back by the threads that add to them
     dur0, trans0 = load_constants(trans, dur, K, C, cols, cmask, TRANS_3D, DB)
     dur_acc = tl.zeros((DB, CP), tl.float64)  # register sums
     trans_acc = tl.zeros((CP, CP), tl.float64)

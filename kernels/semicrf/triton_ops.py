@@ -278,13 +278,13 @@ def partition(call: StreamingCall) -> Tensor:
 
 def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
     """logZ (B,) in the input dtype and ``saved``: each sequence's gradients of its own logZ, float64, in one flat
-    zero-filled tensor laid out as :func:`unit_shapes` (g_cum, the per-sequence transition and duration-bias sums,
-    g_ps, g_pe), for :func:`backward` to scale by grad_logZ. Two launches: the forward kernel (float64 chain)
-    keeps alpha at every position, the backward kernel runs the outside recursion over it."""
+    tensor laid out as :func:`unit_shapes` (g_cum, the per-sequence transition and duration-bias sums, g_ps, g_pe),
+    for :func:`backward` to scale by grad_logZ. One launch: the training kernel runs the forward recursion (float64
+    chain) keeping alpha at every position, then the outside recursion over it, and writes every element of
+    ``saved`` (zeros past each sequence's length)."""
     plan = _plan(call, "log", training=True)
     layout = plan.training_layout()
-    saved = plan.new(layout.saved_numel, dtype=torch.float64, zero=True)
-    # zero-filled: a sequence shorter than T leaves its last rows unwritten, and op outputs must be deterministic
+    saved = plan.new(layout.saved_numel, dtype=torch.float64)  # every element written by the kernel
     g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
     g_ps = proj.pop(0) if plan.ps is not None else None
     g_pe = proj.pop(0) if plan.pe is not None else None

@@ -1,0 +1,157 @@
+"""The public call path of every family on a GPU: launches per call, no recompilation when sizes change,
+``torch.compile(fullgraph=True)`` and CUDA-graph replay of a training step bitwise equal to eager.
+
+Launches, compilations and graphs exist only for compiled kernels on a CUDA device (the interpreter has none of
+them), so this file runs on the GPU machine (``benchmarks/gpu_session.sh verify`` with ``VERIFY_EXTRAS=1``) and is
+skipped without CUDA. The limits are those of the site page "The call path" (``traces/guide/host-syncs.md``):
+semi-CRF forward 1, forward+backward <= 2; Sinkhorn 1 and 2; segment forward <= 2, forward+backward <= 3.
+"""
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import triton
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="launches, compilations and CUDA graphs exist on a CUDA device only")
+
+from benchmarks.common import device_launches  # noqa: E402
+from provable_kernels.segment import segment_reduce  # noqa: E402
+from provable_kernels.semicrf import semi_crf_streaming_forward  # noqa: E402
+from provable_kernels.sinkhorn import sinkhorn  # noqa: E402
+
+DEVICE = torch.device("cuda")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's public call for this file: ``make(rng, big)`` draws differentiable inputs of random sizes (``big``:
+    the large size bucket), ``call(inputs)`` runs the public function; the launch limits per call."""
+
+    make: Callable[[random.Random, bool], dict]
+    call: Callable[[dict], torch.Tensor]
+    forward_launches: int
+    training_launches: int
+
+
+def _semicrf_inputs(rng: random.Random, big: bool) -> dict:
+    B, T, K, C = rng.randint(1, 64), rng.randint(2, 400 if big else 40), rng.randint(1, 8), 8
+    cum = torch.randn(B, T + 1, C, device=DEVICE).cumsum(1)
+    cum[:, 0] = 0
+    return dict(cum_scores=cum, transition=torch.randn(C, C, device=DEVICE),
+                duration_bias=torch.randn(K, C, device=DEVICE),
+                lengths=torch.randint(1, T + 1, (B,), device=DEVICE), K=K)
+
+
+def _sinkhorn_inputs(rng: random.Random, big: bool) -> dict:
+    return dict(x=torch.randn(rng.randint(40000, 300000) if big else rng.randint(1, 20000), 4, 4, device=DEVICE))
+
+
+def _segment_inputs(rng: random.Random, big: bool) -> dict:
+    N, S = rng.randint(1, 400000 if big else 4000), rng.randint(1, 2000)
+    ids = torch.randint(0, S, (N,), device=DEVICE).sort().values
+    offsets = torch.searchsorted(ids, torch.arange(S + 1, device=DEVICE))
+    return dict(x=torch.randn(N, 16, device=DEVICE), offsets=offsets)
+
+
+FAMILIES = {
+    "semicrf": Family(_semicrf_inputs, lambda a: semi_crf_streaming_forward(**a), 1, 2),
+    "sinkhorn": Family(_sinkhorn_inputs, lambda a: sinkhorn(a["x"], 20, "log"), 1, 2),
+    "segment": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "max", offsets=a["offsets"]), 2, 3),
+}
+FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "segment": ("x",)}
+
+
+def _with_grad(family: str, inputs: dict) -> dict:
+    return {k: v.detach().clone().requires_grad_() if k in FLOATS[family] else v for k, v in inputs.items()}
+
+
+def _step(family: str, inputs: dict) -> tuple[torch.Tensor, ...]:
+    """Forward and backward of ``sum(out * w)`` for a fixed weight: the output and every input gradient."""
+    out = FAMILIES[family].call(inputs)
+    weight = torch.linspace(-1, 1, out.numel(), device=DEVICE, dtype=out.dtype).reshape(out.shape)
+    grads = torch.autograd.grad((out * weight).sum(), [inputs[k] for k in FLOATS[family]])
+    return (out.detach(), *grads)
+
+
+def compiled_kernels() -> int:
+    """How many compiled variants the Triton kernels of provable_kernels hold now (every device)."""
+    kernels = {id(obj): obj for name, module in list(sys.modules.items())
+               if name.startswith("provable_kernels") and module is not None
+               for obj in vars(module).values() if isinstance(obj, triton.runtime.JITFunction)}
+    return sum(len(cache[0]) for fn in kernels.values() for cache in fn.device_caches.values())
+
+
+SEGMENT_OPEN = pytest.mark.xfail(strict=True, reason="segment still builds its chunk table and value checks with "
+                                 "torch ops (about 20 launches): the open part of the call-path issue")
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=SEGMENT_OPEN) if f == "segment" else f for f in FAMILIES])
+def test_launches_per_public_call(family):
+    spec = FAMILIES[family]
+    inputs = spec.make(random.Random(0), False)
+    with torch.no_grad():
+        forward = device_launches(lambda: spec.call(inputs))
+        out = spec.call(inputs)
+    training = device_launches(lambda: _step(family, _with_grad(family, inputs)))
+    # what the step adds around the family's call (its weight, product, sum, the autograd seed, the product's
+    # backward, the inputs' clones): the same step on a leaf in place of the call, measured and subtracted
+    extra = device_launches(lambda: _around_the_call(family, inputs, out))
+    assert forward <= spec.forward_launches, f"{family} forward: {forward} launches"
+    assert training - extra <= spec.training_launches, f"{family} forward+backward: {training - extra} launches"
+
+
+def _around_the_call(family: str, inputs: dict, out: torch.Tensor) -> None:
+    _with_grad(family, inputs)
+    leaf = out.detach().requires_grad_()
+    weight = torch.linspace(-1, 1, leaf.numel(), device=DEVICE, dtype=leaf.dtype).reshape(leaf.shape)
+    torch.autograd.grad((leaf * weight).sum(), [leaf])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_changing_sizes_compile_at_most_two_kernels_after_the_first_step(family):
+    """20 training steps with sizes drawn at random (both size buckets) compile at most two new kernels after the
+    first step of each bucket has run."""
+    spec, rng = FAMILIES[family], random.Random(1)
+    for big in (False, True):
+        _step(family, _with_grad(family, spec.make(rng, big)))
+    before = compiled_kernels()
+    for i in range(20):
+        _step(family, _with_grad(family, spec.make(rng, i % 2 == 1)))
+    torch.cuda.synchronize()
+    assert compiled_kernels() - before <= 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_training_step_replays_in_a_cuda_graph_bitwise(family):
+    inputs = _with_grad(family, FAMILIES[family].make(random.Random(2), False))
+    eager = _step(family, inputs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as torch.cuda.graphs requires
+        _step(family, inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _step(family, inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_compiled_public_call_equals_eager_bitwise(family):
+    inputs = _with_grad(family, FAMILIES[family].make(random.Random(3), False))
+    call = FAMILIES[family].call
+    compiled = torch.compile(lambda a: call(a), fullgraph=True)
+    out = compiled(inputs)
+    weight = torch.linspace(-1, 1, out.numel(), device=DEVICE, dtype=out.dtype).reshape(out.shape)
+    grads = torch.autograd.grad((out * weight).sum(), [inputs[k] for k in FLOATS[family]])
+    for a, b in zip(_step(family, inputs), (out.detach(), *grads)):
+        assert torch.equal(a, b)
