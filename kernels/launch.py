@@ -127,13 +127,18 @@ class Launcher:
             return
         compiled, constexprs = found
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        if knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None:
+        if not (_active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)):
             # CompiledKernel[grid]'s runner without its per-launch lookups (the stream as Triton's CUDA driver gets it)
             stream = torch._C._cuda_getCurrentRawStream(key[0])
             compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
                          None, *args, *constexprs)
         else:  # a profiler's launch hooks: the runner calls them
             compiled[grid](*args, *constexprs)
+
+
+def _active(hook: Any) -> bool:
+    """Whether a launch hook of Triton's is set: None (Triton <= 3.4) or an empty ``HookChain`` (newer) is not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 _LAUNCHERS: dict[Any, Launcher] = {}

@@ -77,5 +77,7 @@ def float_scalar(HI, LO, F64: tl.constexpr):
     float32; :func:`provable_kernels.launch.float_halves` splits it on the host): float64 adds them (about 48 bits of
     the value), float32 takes ``HI``."""
     if F64:
-        return tl.full((), HI, tl.float64) + tl.full((), LO, tl.float64)
-    return tl.full((), HI, tl.float32)
+        value = (HI + tl.zeros((), tl.float64)) + (LO + tl.zeros((), tl.float64))
+    else:
+        value = HI + tl.zeros((), tl.float32)
+    return value

@@ -101,9 +101,15 @@ def test_relaunch_calls_the_compiled_launcher_directly_unless_hooked(monkeypatch
     runner[(2,)](5, CP=4)
     compiled, _ = runner.cache[(0, (launch._spec(3),), launch.options(CP=4))]
     assert compiled.ran == [(2, 1, 1, 1234, "function", "metadata", None, None, None, 5, 4)]
+    hooks.launch_enter_hook = types.SimpleNamespace(calls=[])  # newer Triton: an empty HookChain is no hook
+    runner[(2,)](7, CP=4)
+    assert compiled.ran[-1][-2:] == (7, 4) and not compiled.launched
     hooks.launch_enter_hook = print
     runner[(2,)](6, CP=4)
     assert compiled.launched == [((2, 1, 1), (6, 4))]
+    hooks.launch_enter_hook = types.SimpleNamespace(calls=[print])  # a HookChain holding a profiler's hook
+    runner[(2,)](8, CP=4)
+    assert compiled.launched[-1] == ((2, 1, 1), (8, 4))
 
 
 def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():
