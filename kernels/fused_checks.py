@@ -23,6 +23,7 @@ import triton.language as tl
 
 from provable_kernels import alloc
 from provable_kernels.dispatch import triton_usable
+from provable_kernels.launch import launcher
 from provable_kernels.triton_math import nonfinite
 from provable_kernels.validate import symbolic
 
@@ -77,7 +78,7 @@ def check_values(floats: Sequence[tuple[Optional[torch.Tensor], bool]], ints: to
     block_bad = alloc.empty((programs,), dtype=torch.bool, device=ints.device)
     slots = present + [(present[0][0] if present else ints, True)] * (MAX_FLOATS - len(present))
     sizes = [x.numel() for x, _ in present] + [0] * (MAX_FLOATS - len(present))
-    value_checks_kernel[(programs,)](
+    launcher(value_checks_kernel)[(programs,)](
         *(x for x, _ in slots), *sizes, ints, ints.numel(), low, high, block_bad,
         *(neg for _, neg in slots), BLOCK=BLOCK)
     return block_bad.any().logical_not()

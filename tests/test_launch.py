@@ -149,3 +149,24 @@ def test_interpreter_switched_on_after_import_says_what_to_do(family):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert launch.LATE_INTERPRETER in done.stdout, done.stderr
+
+
+def test_interpreter_numpy_warnings_stay_inside_the_launch():
+    """Under the interpreter, masked-off lanes divide by zero and take log(0) harmlessly; NumPy's warnings about it
+    never reach the caller (warnings are errors here)."""
+    import warnings
+
+    from provable_kernels.semicrf import semi_crf_streaming_forward
+    from provable_kernels.sinkhorn import sinkhorn
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x = torch.randn(3, 5, 5, device=device, requires_grad=True)
+    cum = torch.cat([torch.zeros(2, 1, 3), torch.randn(2, 6, 3).cumsum(1)], 1).to(device).requires_grad_()
+    transition = torch.randn(3, 3, device=device)
+    transition[0, 1] = float("-inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for domain in ("log", "prob"):
+            sinkhorn(x, 5, domain).sum().backward()
+        lengths = torch.tensor([6, 3], device=device)
+        semi_crf_streaming_forward(cum, transition, torch.randn(3, 3, device=device), lengths, 3).sum().backward()

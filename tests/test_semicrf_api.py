@@ -165,3 +165,23 @@ def test_empty_batch():
     value.sum().backward()
     assert cum.grad.shape == cum.shape
     assert viterbi(**(args | empty)).segments == []
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_cumsum_without_the_zero_row_is_an_error_not_a_number(use_triton):
+    """The README's convention is cum_scores[:, 0] = 0; passing scores.cumsum(1) itself (lengths <= T - 1) used to
+    give a wrong logZ silently. Host mode: the named error; device mode: NaN (the Triton kernels check each sequence
+    and poison only the bad one; the PyTorch route's fused flag poisons the batch)."""
+    from provable_kernels import validate
+
+    B, T, K, C = 2, 6, 3, 2
+    scores = torch.randn(B, T, C, dtype=torch.float64)
+    trans, dur, lengths = torch.randn(C, C, dtype=torch.float64), torch.randn(K, C, dtype=torch.float64), \
+        torch.tensor([5, 4])
+    with pytest.raises(ValueError, match=r"^cum_scores\[:, 0\] must be 0"):
+        semi_crf_streaming_forward(scores.cumsum(1), trans, dur, lengths, K, use_triton=use_triton)
+    cum = torch.cat([torch.zeros(B, 1, C, dtype=torch.float64), scores.cumsum(1)], 1)[:, :T]
+    cum[1] = scores[1].cumsum(0)  # sequence 1 lacks its zero row
+    with validate.value_checks("device"):
+        out = semi_crf_streaming_forward(cum, trans, dur, lengths, K, use_triton=use_triton)
+    assert torch.isnan(out[1]) and bool(torch.isfinite(out[0])) == use_triton

@@ -3,7 +3,8 @@
 Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conventions.md``):
 
 - ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only
-  differences enter a score). Every float tensor may be float16, bfloat16, float32 or float64, each its own, on
+  differences enter a score). A nonzero first row is rejected like a NaN (a named ``ValueError`` in host mode,
+  NaN results in device mode): it is what ``scores.cumsum(1)`` without the zero row gives, one position off. Every float tensor may be float16, bfloat16, float32 or float64, each its own, on
   the device of ``cum_scores``: they are computed in the *compute dtype*, float64 when any is float64, else
   float32 (the casts are differentiable, so gradients come back in each input's dtype; outputs are in the compute
   dtype).
@@ -119,8 +120,8 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
         # verify: unreached (device mode, where the kernels check: CUDA calls by default; tests on the CPU)
         if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
             return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
-        if fused_checks.usable(cum_scores):  # one launch instead of a reduction per check
-            if bool(fused_checks.check_values(floats, lengths, 1, T1 - 1)):  # every value right
+        if fused_checks.usable(cum_scores):  # one launch instead of a reduction per check, and the zero row
+            if bool(fused_checks.check_values(floats, lengths, 1, T1 - 1) & _zero_row(cum_scores)):  # all right
                 return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
             fused_failed = True
     checks = validate.DataChecks(at_sync_point=at_sync_point)  # one reduction per check: the named error
@@ -128,10 +129,17 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
         if x is not None:
             checks.finite(name, x, allow_neg_inf=allow_neg_inf)
     lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
+    checks.expect(_zero_row(cum_scores), lambda: "cum_scores[:, 0] must be 0 (prefix sums start with a zero row: "
+                  "torch.cat([zeros(B, 1, C), scores.cumsum(1)], 1)), got a nonzero entry")
     ok = checks.flag()  # host mode: raises the named error of a failed check
     if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
         raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
     return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
+
+
+def _zero_row(cum_scores: torch.Tensor) -> torch.Tensor:
+    """0-d bool: ``cum_scores[:, 0]`` is all zeros (NaN fails)."""
+    return (cum_scores[:, 0] == 0).all()
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -313,6 +313,8 @@ BAD_INPUTS = cases.standard_bad_inputs(STREAMING, TENSORS + ("lengths",), other_
                                        rejects_nan=TENSORS, rejects_inf=TENSORS) + (
     _bad("cum_scores", "T = 0", lambda kw, sh: kw["cum_scores"][:, :1]),
     _bad("cum_scores", "C = 0", lambda kw, sh: kw["cum_scores"][..., :0]),
+    _bad("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)",
+         lambda kw, sh: kw["cum_scores"] + 1.0),
     _bad("transition", "shape (C+1, C)", lambda kw, sh: kw["transition"].new_zeros(sh.C + 1, sh.C)),
     _bad("transition", "twice as many rows", lambda kw, sh: torch.cat([kw["transition"]] * 2)),
     _bad("duration_bias", "shape (K+1, C)", lambda kw, sh: torch.cat([kw["duration_bias"]] * 2)),

@@ -198,9 +198,11 @@ def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0
 def sequence_nonfinite(cum, trans, dur, ps, pe, T, K, C, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr,
                        HAS_PE: tl.constexpr):
     """The value checks of one sequence (``cum``, ``ps``, ``pe`` at its rows): True when its cumulative scores
-    hold NaN or +-inf, or its projections, the transitions or the duration biases NaN or +inf (padding past its
-    length included)."""
-    bad = span_nonfinite(cum, (T + 1) * C, False, 1024)
+    hold NaN or +-inf or do not start with a zero row (``cum[0] = 0``), or its projections, the transitions or the
+    duration biases NaN or +inf (padding past its length included)."""
+    first_row = tl.arange(0, 1024)
+    bad = tl.max((tl.load(cum + first_row, mask=first_row < C, other=0.0) != 0).to(tl.int32), 0) != 0
+    bad = bad | span_nonfinite(cum, (T + 1) * C, False, 1024)
     bad = bad | span_nonfinite(trans, K * C * C if TRANS_3D else C * C, True, 1024)
     bad = bad | span_nonfinite(dur, K * C, True, 1024)
     if HAS_PS:
