@@ -152,6 +152,7 @@ def finite_difference_property(
     name: str = "gradients match finite differences (float64)",
     tolerance: Tolerance = FINITE_DIFFERENCE_TOLERANCE,
     step: float = FINITE_DIFFERENCE_STEP,
+    pinned: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
 ) -> Property:
     """A :class:`Property` (run in float64 rows only): for a random direction ``v`` over every floating tensor
     argument that requires grad, ``<gradients, v>`` equals ``(f(x + h v) - f(x - h v)) / 2h`` with
@@ -159,7 +160,9 @@ def finite_difference_property(
 
     ``make_case(route_id, example, device)`` builds a float64 case of the route (with ``upstream``) from one
     example of the strategy ``example()``; ``run`` is ``Family.run`` (outputs and gradients); ``forward(case)``,
-    when given, computes the outputs without backward (faster). Every run must take the route under test.
+    when given, computes the outputs without backward (faster); ``pinned(name, v)``, when given, returns the
+    direction for argument ``name`` with the entries a convention pins held still (e.g. a zero first row). Every
+    run must take the route under test.
     """
     def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
         case = make_case(route_id, drawn, device)
@@ -167,6 +170,8 @@ def finite_difference_property(
         leaves = {n: x for n, x in float_tensors(case.kwargs).items() if x.requires_grad}
         gen = torch.Generator().manual_seed(0)
         direction = {n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device) for n, x in leaves.items()}
+        if pinned is not None:
+            direction = {n: pinned(n, v) for n, v in direction.items()}
 
         def f(h: float) -> torch.Tensor:
             moved = {n: (x.detach() + h * direction[n]).requires_grad_(True) for n, x in leaves.items()}
