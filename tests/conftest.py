@@ -33,6 +33,12 @@ from kernel_sentinel.checks import expect_close, run_route  # noqa: E402
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 
 
+def with_zero_row(rest: torch.Tensor) -> torch.Tensor:
+    """``cum_scores`` from its rows after the first: the convention pins ``cum_scores[:, 0] = 0``, so gradient checks
+    perturb only the other rows (``rest`` (B, T, C) -> (B, T+1, C))."""
+    return torch.cat([rest.new_zeros(rest.shape[0], 1, rest.shape[2]), rest], 1)
+
+
 def ask_speed(call: dict) -> str:
     """``fast`` when the caller asks for it, else ``slow``."""
     return "fast" if call["fast"] else "slow"

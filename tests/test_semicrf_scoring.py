@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from conftest import with_zero_row
 
 from provable_kernels.semicrf.scoring import path_score, starts_from_labels
 from provable_kernels.semicrf.structures import Segment, ViterbiResult
@@ -123,9 +124,11 @@ def test_gradcheck():
     labels = torch.tensor([[0, 0, 2, 1, 1], [1, 2, 2, 0, 0]])
     lengths = torch.tensor([5, 4])
     starts = starts_from_labels(labels, lengths)
-    names = list(params)
-    inputs = tuple(params[n].requires_grad_(True) for n in names)
-    fn = lambda *xs: path_score(lengths=lengths, starts=starts, labels=labels, **dict(zip(names, xs)))
+    names = [n for n in params if n != "cum_scores"]
+    rest = params["cum_scores"][:, 1:].detach().requires_grad_(True)  # cum_scores[:, 0] = 0 is pinned
+    inputs = (rest, *(params[n].requires_grad_(True) for n in names))
+    fn = lambda rest, *xs: path_score(lengths=lengths, starts=starts, labels=labels,  # noqa: E731
+                                      cum_scores=with_zero_row(rest), **dict(zip(names, xs)))
     assert torch.autograd.gradcheck(fn, inputs)
 
 
