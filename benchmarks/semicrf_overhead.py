@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -48,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
 from benchmarks.common import environment, print_table, write_json  # noqa: E402
+from benchmarks.overhead import wall_us  # noqa: E402
 from provable_kernels import validate  # noqa: E402
 from provable_kernels.semicrf import triton_ops  # noqa: E402
 from provable_kernels.semicrf.dispatch import make_call, semi_crf_streaming_forward  # noqa: E402
@@ -73,18 +72,9 @@ def inputs(B: int, T: int, K: int, C: int, device: torch.device) -> tuple:
 
 
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
-    """Median over ``repeats`` loops of ``calls`` back-to-back calls of the time per call, in microseconds."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()  # warm-up: compilation, caches
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    """Median over ``repeats`` loops of back-to-back calls of the time per call, in microseconds
+    (:func:`benchmarks.overhead.wall_us`)."""
+    return wall_us(fn, calls, repeats, device)
 
 
 def kernel_us(fn: Callable[[], Any], device: torch.device) -> Optional[float]:
