@@ -12,6 +12,8 @@ import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
+from kernel_sentinel.console import plain
+
 COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate",
             "kernel_sentinel.mutate")
 
@@ -26,6 +28,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         before = set(subparsers.choices)
         module.register(subparsers)
         owners.update({command: module for command in set(subparsers.choices) - before})
+    for sub in subparsers.choices.values():  # help is terminal text: the docstrings' markup goes
+        sub.description = sub.description and plain(sub.description)
+        for action in sub._actions:
+            action.help = action.help and plain(action.help)
     return parser, owners
 
 

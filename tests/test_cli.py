@@ -199,3 +199,13 @@ def test_a_record_made_in_parts_joins_rows_of_the_same_sources(only_toy, toy_fam
     path.write_text(records.dumps(stale))
     assert record_verify("toy.slow") == 0
     assert rows() == [("toy.slow", "pass")]
+
+
+@pytest.mark.parametrize("command", ["verify", "routes", "trace", "gate", "mutate"])
+def test_help_is_plain_terminal_text(command, capsys):
+    """--help shows the docstrings' words without their reStructuredText / Markdown markup."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert len(text) > 200 and not any(mark in text for mark in ("**", "``", ":func:", ":class:", "`"))
