@@ -3,7 +3,9 @@
 - :func:`route_status`: one cell of the matrix: a route on one device (every dtype of the record), ``pass``,
   ``fail``, ``stale`` (the record was made on other sources than the current ones; its result is shown too) or
   ``not run``; with the record's commit and that commit's date.
-- :func:`matrix`: the home page's table: families x routes x devices, plus the sanitizer result (GPU records,
+- :func:`rollup`: the home page's first table, one row per family and recorded device: routes passed, whether the
+  record is current, sanitizer, coverage, mutation kill rate, the record's date and commit.
+- :func:`matrix`: the home page's full table: families x routes x devices, plus the sanitizer result (GPU records,
   Triton routes) and the family's mutation kill rate (``traces/verification/mutation/<family>.json``, written by
   ``sentinel mutate --record``).
 - :func:`decorate`: a Mermaid decision tree with its leaves coloured by status and linked to the route's row.
@@ -25,7 +27,10 @@ from kernel_sentinel.records import git, row_key
 
 MUTATION_DIR_NAME = "mutation"
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
-SYMBOL = {"pass": "✅ pass", "fail": "❌ fail", "stale": "⏳ stale", "not run": "— not run"}
+# Status words with the theme's bundled SVG icons (material's emoji extension: they render offline, without system
+# fonts)
+SYMBOL = {"pass": ":material-check-circle: pass", "fail": ":material-close-circle: fail",
+          "stale": ":material-clock-alert-outline: stale", "not run": ":material-minus-circle-outline: not run"}
 COLOURS = {  # Mermaid classDef per status: fill, stroke, text
     "pass": ("#c8e6c9", "#2e7d32", "#1b5e20"),
     "fail": ("#ffcdd2", "#c62828", "#b71c1c"),
@@ -190,6 +195,51 @@ def matrix(statuses: Sequence[FamilyStatus], family_column: bool = True) -> tupl
             row += [cells[c].text() if c in cells else SYMBOL["not run"] for c in columns]
             row += [sanitizer(status.records, route_id, triton), rate]
             rows.append(([status.family] if family_column else []) + row)
+    return header, rows
+
+
+def _sanitized(record: Mapping[str, Any], route_id: str) -> bool:
+    """Every compute-sanitizer tool ran and passed on every dtype row of ``route_id`` in ``record``."""
+    rows = [r for r in record["routes"] if row_key(r)[0] == route_id]
+    tools = [(c["name"], c["status"]) for r in rows for c in r["checks"] if c["name"] in SANITIZER_TOOLS]
+    return bool(rows) and {t for t, _ in tools} == set(SANITIZER_TOOLS) and all(s == "pass" for _, s in tools)
+
+
+def coverage_summary(record: Mapping[str, Any]) -> str:
+    """The kernel lines a CPU record's ``--coverage`` run reached in its judged files, and ``clean`` when no line
+    there went unreached without a declaration."""
+    files = [f for f in (record.get("coverage") or {}).get("files", []) if f["judged"]]
+    if not files:
+        return "not measured"
+    reached, total = sum(f["reached"] for f in files), sum(f["statements"] for f in files)
+    undeclared = sum(len(f["unreached"]) for f in files)
+    return f"{reached}/{total}, " + ("clean" if not undeclared else f"{undeclared} unreached undeclared")
+
+
+def rollup(statuses: Sequence[FamilyStatus], every_route: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the one-screen status: a row per family and recorded device (the CPU first) with its
+    status word (pass, fail, or stale when the record was made on other sources than today's), routes passed /
+    routes, the sanitizer (GPU: Triton routes with every tool clean), coverage (CPU), the mutation kill rate and
+    the record's date and commit; the device links to ``every_route``, the full matrix (where the mutation
+    record's date and commit are)."""
+    header = ["family", "device", "status", "routes passed", "sanitizer", "coverage", "mutants killed", "record"]
+    rows = []
+    for status in statuses:
+        for record in sorted(status.records, key=lambda r: (r["device"]["type"] != "cpu", device_label(r))):
+            cells = [route_status(record, r, status.blobs) for r, _, _ in status.routes]
+            passed = sum((c.recorded or c.status) == "pass" for c in cells)
+            word = "stale" if not is_current(record, status.blobs) else "pass" if passed == len(cells) else "fail"
+            triton = [r for r, _, is_triton in status.routes if is_triton]
+            gpu = record["device"]["type"] == "cuda"
+            commit = record.get("commit", "")
+            mutation = status.mutation
+            rows.append([f"[{status.family}]({status.family}/index.md)", f"[{device_label(record)}]({every_route})",
+                         SYMBOL[word].replace(" stale", " **STALE**"), f"{passed}/{len(cells)}",
+                         f"{sum(_sanitized(record, r) for r in triton)}/{len(triton)} Triton" if gpu else "n/a",
+                         "n/a" if gpu else coverage_summary(record),
+                         f"{mutation['kill_rate']:.0f}%" if mutation and mutation.get("kill_rate") is not None
+                         else "not measured",
+                         " ".join(x for x in (commit_date(commit), f"`{commit[:7]}`" if commit else "") if x)])
     return header, rows
 
 

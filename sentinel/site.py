@@ -1,14 +1,16 @@
-"""The trace site's offline Mermaid: an mkdocs hook (``hooks:`` in mkdocs.yml) that serves Mermaid from the site.
+"""The trace site's offline assets: an mkdocs hook (``hooks:`` in mkdocs.yml) that serves Mermaid and the site's
+stylesheet from the site.
 
 mkdocs-material renders ``pre.mermaid`` blocks itself and loads ``mermaid.min.js`` from a CDN unless
-``window.mermaid`` already exists when the first diagram is mounted. The hook adds two files to every build
-(``mkdocs build`` and ``mkdocs serve``), both listed in ``extra_javascript`` so they run before material mounts
-any diagram:
+``window.mermaid`` already exists when the first diagram is mounted. The hook adds three files to every build
+(``mkdocs build`` and ``mkdocs serve``), the two scripts listed in ``extra_javascript`` so they run before
+material mounts any diagram:
 
 - ``assets/javascripts/mermaid.min.js`` from the npm package ``mermaid@MERMAID_VERSION`` (``npm pack``, checked
   against the pinned integrity, cached in ``build/mermaid-<version>/``, never committed);
 - ``assets/javascripts/mermaid-init.js``, which turns off Mermaid's own render-on-load pass so that material alone
-  renders the diagrams (with its theme colours, light and dark).
+  renders the diagrams (with its theme colours, light and dark);
+- ``assets/stylesheets/sentinel.css`` (``extra_css``): code in tables, route ids above all, never breaks mid-word.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ MERMAID_URI = "assets/javascripts/mermaid.min.js"
 INIT_URI = "assets/javascripts/mermaid-init.js"
 INIT_JS = "// Material renders the diagrams (see sentinel/site.py); Mermaid must not start on its own.\n" \
           "mermaid.initialize({ startOnLoad: false });\n"
+CSS_URI = "assets/stylesheets/sentinel.css"
+CSS = "/* Route ids and other code in tables never break mid-word (sentinel/site.py). */\n" \
+      ".md-typeset table code { white-space: nowrap; word-break: keep-all; }\n"
 
 
 def integrity(data: bytes) -> str:
@@ -65,8 +70,9 @@ def mermaid_js(cache_dir: Path) -> Path:
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """mkdocs hook: add the pinned Mermaid and its init script to the site."""
+    """mkdocs hook: add the pinned Mermaid, its init script and the stylesheet to the site."""
     cache_dir = Path(config.config_file_path).resolve().parent / "build"
     files.append(File.generated(config, MERMAID_URI, abs_src_path=str(mermaid_js(cache_dir))))
     files.append(File.generated(config, INIT_URI, content=INIT_JS))
+    files.append(File.generated(config, CSS_URI, content=CSS))
     return files

@@ -546,9 +546,15 @@ def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> s
     rows = ((f"[{f.name}]({f.name}/index.md)", len(f.routes()),
              ", ".join(f"[{g.title}]({f.name}/{g.slug}.md)" for g in family_groups(f)),
              first_paragraph(f.summary)) for f in families)
-    header_row, matrix = dashboard.matrix([doc.status([r.id for r in doc.family.routes()], "index.md")
-                                           for doc in overviews])
-    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status\n\nEvery route of every family on every "
+    statuses = [doc.status([r.id for r in doc.family.routes()], "index.md") for doc in overviews]
+    header_row, matrix = dashboard.matrix(statuses)
+    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\nOne row per family and "
+            f"recorded device (a device links to every route below): is it green, and is the record current "
+            f"(**STALE**: made on other sources than today's, so it no longer vouches for the code; the CI gate "
+            f"needs one current GPU record per family, of any GPU model). Coverage: kernel lines reached by the CPU "
+            f"run / lines, clean when every other line is declared unreachable on a CPU.\n\n"
+            + table(*dashboard.rollup(statuses, "#every-route"))
+            + f"\n\n## Every route\n\nEvery route of every family on every "
             f"recorded device (CPU: the Triton interpreter): {', '.join(dashboard.SYMBOL.values())}, with the "
             f"commit and date of the record; stale: recorded on other sources than the current ones. Sanitizer: "
             f"compute-sanitizer on the GPU records (Triton routes). Mutation kill rate: `sentinel mutate "

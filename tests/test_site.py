@@ -192,8 +192,21 @@ SVG_LINKS = """() => [...document.querySelectorAll("div.mermaid")]
     .flatMap(d => [...d.shadowRoot.querySelectorAll("a")])
     .map(a => [a.textContent.trim(),
                new URL(a.getAttribute("href") || a.getAttribute("xlink:href"), location.href).href])"""
-MATRIX = """() => [...document.querySelectorAll("table")].filter(t => t.tHead && t.tHead.textContent.includes("sanitizer"))
+MATRIX = """() => [...document.querySelectorAll("table")]
+    .filter(t => t.tHead && [...t.tHead.rows[0].cells].some(c => c.textContent.trim() === "route"))
     .map(t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim())))"""
+GLANCE = """() => [...document.querySelectorAll("table")]
+    .filter(t => t.tHead && [...t.tHead.rows[0].cells].some(c => c.textContent.trim() === "routes passed"))
+    .map(t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim())))"""
+# table cells whose status word has no SVG icon next to it, and route ids (code in tables) laid out on several lines
+ICONLESS = """() => [...document.querySelectorAll("td")]
+    .filter(td => /\\b(pass|fail|stale|not run)\\b/.test(td.textContent) && !td.querySelector(".twemoji svg")
+                  && !/^(n\\/a|not measured)$/.test(td.textContent.trim()) && !td.querySelector("a code"))
+    .map(td => td.textContent.trim())"""
+WRAPPED_IDS = """() => [...document.querySelectorAll("td code")]
+    .filter(c => c.getClientRects().length > 1 || c.getBoundingClientRect().height
+                 > 1.6 * parseFloat(getComputedStyle(c).lineHeight || getComputedStyle(c).fontSize))
+    .map(c => c.textContent)"""
 
 
 def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, browser) -> None:
@@ -225,4 +238,31 @@ def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, b
             checked += 1
     context.close()
     assert checked >= len(routes), "fewer leaf links than routes"
+    assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_home_page_answers_is_it_green_in_one_screen(base_url: str, browser, width: int, tmp_path: Path) -> None:
+    """The home page opens with one row per family and recorded device, its status words carry the theme's SVG
+    icons (no emoji font needed) and no route id wraps mid-word, at a desktop and a narrow width. The screenshot is
+    attached to the test's output (``SENTINEL_SCREENSHOTS=DIR`` keeps it there)."""
+    from kernel_sentinel import registry
+
+    context, leaks = offline_context(browser)
+    page = context.new_page()
+    page.set_viewport_size({"width": width, "height": 1000})
+    page.goto(base_url, wait_until="networkidle")
+    (glance,) = page.evaluate(GLANCE)
+    assert sorted({row[0] for row in glance}) == sorted(f.name for f in registry.families())
+    assert all(row[2].split()[0].lower() in ("pass", "fail", "stale") for row in glance), glance
+    assert page.evaluate("() => document.querySelectorAll('td .twemoji svg').length") >= len(glance)
+    assert not page.evaluate(ICONLESS), "status words without an SVG icon"
+    assert not page.evaluate(WRAPPED_IDS), "route ids wrapped over several lines"
+    folder = Path(os.environ.get("SENTINEL_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    shot = folder / f"home-{width}px.png"
+    page.screenshot(path=str(shot), full_page=False)
+    print(f"screenshot of the home page at {width} px: {shot}")
+    assert shot.stat().st_size > 10_000
+    context.close()
     assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
