@@ -217,30 +217,46 @@ def coverage_summary(record: Mapping[str, Any]) -> str:
 
 
 def rollup(statuses: Sequence[FamilyStatus], every_route: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the one-screen status: a row per family and recorded device (the CPU first) with its
-    status word (pass, fail, or stale when the record was made on other sources than today's), routes passed /
-    routes, the sanitizer (GPU: Triton routes with every tool clean), coverage (CPU), the mutation kill rate and
-    the record's date and commit; the device links to ``every_route``, the full matrix (where the mutation
-    record's date and commit are)."""
+    """Header and rows of the one-screen status: a row per family and recorded device (the CPU first; a row per
+    dtype where the dtypes' results differ) with its status word (pass, fail, or stale when the record was made on
+    other sources than today's), routes passed / routes, the sanitizer (GPU: Triton routes with every tool
+    clean), coverage (CPU), the mutation kill rate and the record's date and commit; the device links to
+    ``every_route``, the full matrix (where the mutation record's date and commit are)."""
     header = ["family", "device", "status", "routes passed", "sanitizer", "coverage", "mutants killed", "record"]
     rows = []
     for status in statuses:
         for record in sorted(status.records, key=lambda r: (r["device"]["type"] != "cpu", device_label(r))):
-            cells = [route_status(record, r, status.blobs) for r, _, _ in status.routes]
-            passed = sum((c.recorded or c.status) == "pass" for c in cells)
-            word = "stale" if not is_current(record, status.blobs) else "pass" if passed == len(cells) else "fail"
-            triton = [r for r, _, is_triton in status.routes if is_triton]
-            gpu = record["device"]["type"] == "cuda"
-            commit = record.get("commit", "")
-            mutation = status.mutation
-            rows.append([f"[{status.family}]({status.family}/index.md)", f"[{device_label(record)}]({every_route})",
-                         SYMBOL[word].replace(" stale", " **STALE**"), f"{passed}/{len(cells)}",
-                         f"{sum(_sanitized(record, r) for r in triton)}/{len(triton)} Triton" if gpu else "n/a",
-                         "n/a" if gpu else coverage_summary(record),
-                         f"{mutation['kill_rate']:.0f}%" if mutation and mutation.get("kill_rate") is not None
-                         else "not measured",
-                         " ".join(x for x in (commit_date(commit), f"`{commit[:7]}`" if commit else "") if x)])
+            routes = [r for r, _, _ in status.routes]
+            by_dtype = {d: _passed(record, routes, d) for d in sorted({row_key(r)[1] for r in record["routes"]})}
+            split = len(set(by_dtype.values())) > 1  # the dtypes' results differ: a row each
+            for dtype, passed in (by_dtype.items() if split else [("", _passed(record, routes))]):
+                rows.append(_rollup_row(status, record, routes, passed, dtype, every_route))
     return header, rows
+
+
+def _passed(record: Mapping[str, Any], routes: Sequence[str], dtype: str = "") -> int:
+    """How many of ``routes`` have rows in ``record`` (at ``dtype``, or every dtype) and all of them passed."""
+    count = 0
+    for route_id in routes:
+        rows = [r for r in record["routes"] if row_key(r)[0] == route_id and (not dtype or row_key(r)[1] == dtype)]
+        count += bool(rows) and all(r["status"] == "pass" for r in rows)
+    return count
+
+
+def _rollup_row(status: FamilyStatus, record: Mapping[str, Any], routes: Sequence[str], passed: int, dtype: str,
+                every_route: str) -> list[str]:
+    word = "stale" if not is_current(record, status.blobs) else "pass" if passed == len(routes) else "fail"
+    triton = [r for r, _, is_triton in status.routes if is_triton]
+    gpu = record["device"]["type"] == "cuda"
+    commit = record.get("commit", "")
+    mutation = status.mutation
+    device = device_label(record) + (f", {dtype}" if dtype else "")
+    return [f"[{status.family}]({status.family}/index.md)", f"[{device}]({every_route})",
+            SYMBOL[word].replace(" stale", " **STALE**"), f"{passed}/{len(routes)}",
+            f"{sum(_sanitized(record, r) for r in triton)}/{len(triton)} Triton" if gpu else "n/a",
+            "n/a" if gpu else coverage_summary(record),
+            f"{mutation['kill_rate']:.0f}%" if mutation and mutation.get("kill_rate") is not None else "not measured",
+            " ".join(x for x in (commit_date(commit), f"`{commit[:7]}`" if commit else "") if x)]
 
 
 def slug(heading: str) -> str:

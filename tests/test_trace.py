@@ -220,3 +220,29 @@ def test_trace_commit_check_cycle(repo_copy: Path) -> None:
     git(repo, "commit", "-q", "-m", "edit dispatch and regenerate traces in one commit")
     after = sentinel_trace(repo, "--check")
     assert after.returncode == 0, after.stdout + after.stderr
+
+
+def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_they_differ():
+    from kernel_sentinel import dashboard
+
+    def record(kind, statuses, sources):
+        return {"device": {"type": kind, "name": "Big GPU" if kind == "cuda" else "cpu"}, "commit": "",
+                "sources": sources,
+                "routes": [{"id": r, "dtype": d, "status": s, "checks": []} for (r, d), s in statuses.items()]}
+
+    blobs = {"kernels/toy.py": "1"}
+    same = {("toy.a", "float32"): "pass", ("toy.a", "float64"): "pass", ("toy.b", "float32"): "pass",
+            ("toy.b", "float64"): "pass"}
+    differ = {**same, ("toy.b", "float64"): "fail"}
+    status = dashboard.FamilyStatus("toy", [("toy.a", "toy.md", False), ("toy.b", "toy.md", True)],
+                                    [record("cpu", same, blobs), record("cuda", differ, blobs),
+                                     record("cuda", same, {"kernels/toy.py": "0"})], blobs, None)
+    header, rows = dashboard.rollup([status], "#every-route")
+    by_device = {row[1]: (row[2], row[3]) for row in rows}
+    assert by_device == {
+        "[CPU (interpreter)](#every-route)": (dashboard.SYMBOL["pass"], "2/2"),
+        "[Big GPU, float32](#every-route)": (dashboard.SYMBOL["pass"], "2/2"),
+        "[Big GPU, float64](#every-route)": (dashboard.SYMBOL["fail"], "1/2"),
+        "[Big GPU](#every-route)": (dashboard.SYMBOL["stale"].replace(" stale", " **STALE**"), "2/2"),
+    }
+    assert header[:4] == ["family", "device", "status", "routes passed"]
