@@ -59,8 +59,9 @@ def test_failed_check_prints_its_failure_mode_next_to_the_repro(monkeypatch, toy
     assert verify("--family", "toy", "--route", "toy.fast") == 1
     lines = capsys.readouterr().out.splitlines()
     repro = next(i for i, line in enumerate(lines) if "reproduce:" in line)
-    assert lines[repro + 1].strip() == ("reference check, failure mode 'backend mismatch': read traces/toy/fast.md#routes "
-                                        "first, then traces/toy/index.md#numerical-guards; covered by the reference check")
+    assert lines[repro + 1].strip() == (
+        "reference check, failure mode 'backend mismatch': read traces/toy/fast.md#routes first, then "
+        "traces/toy/index.md#numerical-guards; covered by the reference check")
     assert not any("wrong route taken" in line for line in lines)
 
 
