@@ -242,10 +242,12 @@ def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, b
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_home_page_answers_is_it_green_in_one_screen(base_url: str, browser, width: int, tmp_path: Path) -> None:
+def test_home_page_answers_is_it_green_in_one_screen(base_url: str, browser, width: int, tmp_path: Path,
+                                                    record_property) -> None:
     """The home page opens with one row per family and recorded device, its status words carry the theme's SVG
-    icons (no emoji font needed) and no route id wraps mid-word, at a desktop and a narrow width. The screenshot is
-    attached to the test's output (``SENTINEL_SCREENSHOTS=DIR`` keeps it there)."""
+    icons (no emoji font needed) and no route id wraps mid-word, at a desktop and a narrow width. The screenshot's
+    path is printed and recorded as a property of the test's report (``SENTINEL_SCREENSHOTS=DIR`` keeps it
+    there)."""
     from kernel_sentinel import registry
 
     context, leaks = offline_context(browser)
@@ -263,6 +265,7 @@ def test_home_page_answers_is_it_green_in_one_screen(base_url: str, browser, wid
     shot = folder / f"home-{width}px.png"
     page.screenshot(path=str(shot), full_page=False)
     print(f"screenshot of the home page at {width} px: {shot}")
+    record_property(f"screenshot_{width}px", str(shot))  # in the test report (--junitxml) too
     assert shot.stat().st_size > 10_000
     context.close()
     assert not leaks, f"requests left localhost: {sorted(set(leaks))}"
