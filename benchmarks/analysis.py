@@ -12,21 +12,29 @@ Definitions (every ratio is computed here, at analysis time, from the medians in
 - Crossover points: along each grid axis of ``plot_axes``, the other axes fixed, between consecutive values x0 < x1
   whose time ratios r0, r1 lie on opposite sides of 1, the point where the ratio crosses 1 interpolated linearly
   in log x and log r: ``x = exp(log x0 + (log x1 - log x0) * log r0 / (log r0 - log r1))``.
+- Speedup over the peer = time of the adapter's ``peer`` / time of this project's first implementation in the CSV,
+  per configuration and phase (> 1: ours is faster).
 - Summary: per implementation and phase, how many configurations ran and how (statuses), the geometric mean of
   ``time_ratio``, the median and best floor fraction, the largest peak memory.
 
 Outputs: summary_stats.csv, baseline_ratios.csv, backward_forward_ratios.csv, <variant>_overhead.csv,
-crossover_points.csv, and plots (time and floor bytes/s, with the copy-bandwidth floor, against each plot axis;
-throughput and memory per unit of size against the first; backward/forward ratios; ratio heatmaps per phase;
-variant overhead), one legend entry per implementation.
+crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per configuration and phase; time and
+floor bytes/s, with the copy-bandwidth floor, against each plot axis; throughput and memory per unit of size
+against the first; backward/forward ratios; ratio heatmaps per phase; variant overhead).
+
+Line plots compare like with like: one subplot per phase, one per row; a line joins only points of one
+implementation and phase whose other grid axes (every axis of the adapter but the x axis) are all equal; a
+configuration with no such neighbour is an unconnected marker. Colour is the implementation (one legend entry
+each), the marker the configuration of the other axes, labelled in the legend with the axes that differ.
 """
 from __future__ import annotations
 
 import json
 import math
 import statistics
+import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from benchmarks import adapters
 from benchmarks.common import write_csv
@@ -167,48 +175,251 @@ def _spans_decades(values: list[float]) -> bool:
     return bool(values) and max(values) / min(values) >= 10
 
 
-def line_plot(path: Path, rows: list[dict], x: str, y, ylabel: str, title: str, xlabel: str,
-              hline: Optional[tuple[float, str]] = None) -> Optional[Path]:
-    """One subplot per phase present; per implementation, markers at every row and a line through the geometric
-    mean at each x (rows differing in other axes share an x). ``y(row)`` -> value or None. One legend entry per
-    implementation (plus the horizontal reference line, when given)."""
-    plt = _pyplot()
-    phases = [p for p in PHASES if any(r["phase"] == p for r in rows)]
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    points = {(p, i): [(finite(r[x]), y(r)) for r in rows if r["phase"] == p and r["impl"] == i
-                       and r["status"] == "ok"] for p in phases for i in impls}
-    points = {k: [(a, b) for a, b in v if a is not None and b is not None and b > 0] for k, v in points.items()}
-    if not any(points.values()):
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p", "d", "8", "H")
+LINESTYLES = ("-", "--", ":", "-.")
+FILLS = ("full", "none", "left", "bottom")
+
+
+def fixed_axes(axes: Sequence[str], x: str) -> list[str]:
+    """The axes a line holds fixed: every grid axis but ``x`` (all of them when ``x`` is a derived column, so
+    that points of a derived x are never joined)."""
+    return [a for a in axes if a != x]
+
+
+def line_groups(rows: list[dict], x: str, y, axes: Sequence[str]) -> dict[tuple, list[tuple[float, float]]]:
+    """(phase, impl, values of ``fixed_axes(axes, x)``) -> [(x, y)] sorted by x, from the rows with status ok and a
+    positive y: the points one line may join. Repeated measurements of one configuration (same x in a group) are
+    merged into their geometric mean."""
+    fixed = fixed_axes(axes, x)
+    groups: dict[tuple, dict[float, list[float]]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        a, b = finite(r[x]), y(r)
+        if a is None or b is None or b <= 0:
+            continue
+        key = (r["phase"], r["impl"], tuple(str(r[f]) for f in fixed))
+        groups.setdefault(key, {}).setdefault(a, []).append(b)
+    return {k: sorted((a, bs[0] if len(bs) == 1 else geomean(bs)) for a, bs in v.items()) for k, v in groups.items()}
+
+
+def short_labels(values: list[tuple], names: Sequence[str]) -> tuple[dict[tuple, str], str]:
+    """Labels of configurations (``values``: tuples over ``names``) naming only the axes that differ between them,
+    and a description of the axes they share."""
+    values = list(dict.fromkeys(values))
+    differ = [n for i, n in enumerate(names) if len({v[i] for v in values}) > 1]
+    same = ", ".join(f"{n}={values[0][i]}" for i, n in enumerate(names) if n not in differ) if values else ""
+    return {v: ", ".join(f"{n}={v[names.index(n)]}" for n in differ) for v in values}, same
+
+
+def _family_adapter(rows: list[dict]) -> Optional[adapters.Adapter]:
+    families = {r.get("family") for r in rows}
+    family = families.pop() if len(families) == 1 else None
+    return adapters.load(family) if family in adapters.FAMILIES else None
+
+
+def line_figure(rows: list[dict], x: str, y, ylabel: str, title: str, xlabel: str,
+                hline: Optional[tuple[float, str]] = None, axes: Optional[Sequence[str]] = None,
+                variant: Optional[str] = None):
+    """The figure of ``line_plot`` (None when there is nothing to draw): one subplot per phase present, one per
+    row. A line joins only the points of one implementation and phase whose other axes (``fixed_axes``) are
+    equal; a group with one point is an unconnected marker. Colour: implementation; marker: the group's fixed
+    axes (line style and marker fill: its variant, when the variant axis differs between groups). The figure legend,
+    above the plots, has one entry per implementation, then one per group labelled with the axes that differ
+    between groups, then the axes every group shares. ``axes``/``variant`` default to the grid axes and
+    ``variant_axis`` of the rows' family."""
+    if axes is None or variant is None:
+        adapter = _family_adapter(rows)
+        if adapter is None:
+            raise ValueError("line_figure: rows of one known family, or axes and variant, are needed")
+        axes = [a.name for a in adapter.axes] if axes is None else axes
+        variant = adapter.variant_axis if variant is None else variant
+    axes = list(axes)
+    series = line_groups(rows, x, y, axes)
+    if not series:
         return None
-    fig, axes = plt.subplots(1, len(phases), figsize=(5.0 * len(phases), 4.0), squeeze=False)
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fixed = fixed_axes(axes, x)
+    phases = [p for p in PHASES if any(k[0] == p for k in series)]
+    impls = list(dict.fromkeys(r["impl"] for r in rows if any(k[1] == r["impl"] for k in series)))
     colors = {i: f"C{n % 10}" for n, i in enumerate(impls)}
-    xs_all = [a for v in points.values() for a, _ in v]
-    ys_all = [b for v in points.values() for _, b in v]
-    for ax, phase in zip(axes[0], phases):
+    labels, same = short_labels([k[2] for k in series], fixed)
+    groups = list(labels)
+    v = fixed.index(variant) if variant in fixed else None
+    variants = list(dict.fromkeys(g[v] for g in groups)) if v is not None else []
+    styled_by_variant = len(variants) > 1
+    rest = list(dict.fromkeys(g[:v] + g[v + 1:] if styled_by_variant else g for g in groups))
+    style = {}  # group -> (marker, line style, marker fill)
+    for g in groups:
+        m = rest.index(g[:v] + g[v + 1:] if styled_by_variant else g)
+        k = variants.index(g[v]) if styled_by_variant else m // len(MARKERS)
+        style[g] = (MARKERS[m % len(MARKERS)], LINESTYLES[k % len(LINESTYLES)], FILLS[k % len(FILLS)])
+
+    fig, subplots = plt.subplots(len(phases), 1, figsize=(9.0, 3.4 * len(phases) + 0.25 * (len(groups) + 2)),
+                                 squeeze=False, layout="constrained")
+    xs_all = [a for pts in series.values() for a, _ in pts]
+    ys_all = [b for pts in series.values() for _, b in pts]
+    for ax, phase in zip(subplots[:, 0], phases):
         for impl in impls:
-            pts = points[(phase, impl)]
-            if not pts:
-                continue
-            ax.scatter([a for a, _ in pts], [b for _, b in pts], color=colors[impl], s=14, alpha=0.6)
-            by_x: dict[float, list[float]] = {}
-            for a, b in pts:
-                by_x.setdefault(a, []).append(b)
-            line = sorted((a, geomean(bs)) for a, bs in by_x.items())
-            ax.plot([a for a, _ in line], [b for _, b in line], color=colors[impl], marker="o", markersize=3,
-                    label=impl)
+            for g in groups:
+                pts = series.get((phase, impl, g))
+                if not pts:
+                    continue
+                marker, ls, fill = style[g]
+                ax.plot([a for a, _ in pts], [b for _, b in pts], color=colors[impl], marker=marker, markersize=7,
+                        fillstyle=fill, markeredgewidth=1.3, linestyle=ls if len(pts) > 1 else "none",
+                        linewidth=1.5, alpha=0.9, gid=f"{phase}|{impl}|{','.join(g)}")
         if hline:
-            ax.axhline(hline[0], color="black", linestyle="--", linewidth=0.8, label=hline[1])
+            ax.axhline(hline[0], color="black", linestyle="--", linewidth=0.8)
         ax.set_xscale("log" if _spans_decades(xs_all) else "linear")
+        if _spans_decades(xs_all) and max(xs_all) < 1e4 and max(xs_all) / min(xs_all) < 1e3:
+            # a short log axis: plain numbers at 1, 2, 5 x 10^k rather than 2 x 10^1
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log" if _spans_decades(ys_all) else "linear")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} ({phase})")
+        ax.set_xlabel(xlabel, fontsize=11)
+        ax.set_ylabel(ylabel, fontsize=11)
+        ax.set_title(f"{title} ({phase})", fontsize=12)
+        ax.tick_params(labelsize=10)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # the legend, above the plots: implementations (and the reference line) in the first column, the groups of the
+    # other axes in the second
+    header = lambda text: Line2D([], [], linestyle="none", label=text)  # noqa: E731 - a legend line without a symbol
+    first = [header("implementation:")] + [Line2D([], [], color=colors[i], linewidth=2.5, label=i) for i in impls]
+    if hline:
+        first.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8, label=hline[1]))
+    second = []
+    if any(labels.values()):
+        joined = {k[2] for k, pts in series.items() if len(pts) > 1}
+        second.append(header("other axes (a line holds them all fixed):" if joined else
+                             f"other axes (no two runs differ only in {x}: unconnected):"))
+        second += [Line2D([], [], color="0.35", marker=style[g][0], fillstyle=style[g][2], markeredgewidth=1.3,
+                          markersize=7, linestyle=style[g][1] if g in joined else "none",
+                          label=labels[g] + ("" if g in joined or not joined else " (one point)")) for g in groups]
+    if same:
+        first += [header(""), header("the same in every run:")] + [header(f"  {t}") for t in same.split(", ")]
+    rows_ = max(len(first), len(second))
+    handles = first + [header("")] * (rows_ - len(first)) + second + [header("")] * (rows_ - len(second) if second
+                                                                                        else 0)
+    fig.legend(handles=handles, loc="outside upper center", ncol=2 if second else 1, fontsize=10, frameon=False,
+               handlelength=2.5, columnspacing=3.0)
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    plt = _pyplot()
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15)
     plt.close(fig)
     return path
+
+
+def line_plot(path: Path, rows: list[dict], x: str, y, ylabel: str, title: str, xlabel: str,
+              hline: Optional[tuple[float, str]] = None, axes: Optional[Sequence[str]] = None,
+              variant: Optional[str] = None) -> Optional[Path]:
+    """``line_figure`` written to ``path`` (None when there is nothing to draw). ``y(row)`` -> value or None."""
+    fig = line_figure(rows, x, y, ylabel, title, xlabel, hline, axes, variant)
+    return None if fig is None else _save(fig, path)
+
+
+SPEEDUP_PHASES = ("forward", "both")  # what a user pays; the backward alone splits work differently per implementation
+
+
+def speedup_over_peer(rows: list[dict], adapter: adapters.Adapter) -> list[dict]:
+    """Per configuration and phase (forward, forward+backward: :data:`SPEEDUP_PHASES`; the backward alone is no
+    like-for-like comparison, e.g. the semi-CRF runs its backward recursion inside a training forward):
+    ``speedup`` = the peer's time / ours' time (peer: the adapter's ``peer``; ours: this project's first
+    implementation in the CSV), None with a ``note`` when either did not run."""
+    present = {r["impl"] for r in rows}
+    if not adapter.peer or adapter.peer not in present:
+        return []
+    ours = default_baseline(adapter, rows)
+    times = timed(rows)
+    status = {(r["config"], r["impl"], r["phase"]): r["status"] for r in rows}
+    names = [a.name for a in adapter.axes]
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        first = next(r for r in rows if r["config"] == config)
+        for phase in SPEEDUP_PHASES:
+            keys = [(config, ours, phase), (config, adapter.peer, phase)]
+            if not any(k in status for k in keys):
+                continue
+            t_ours, t_peer = times.get(keys[0]), times.get(keys[1])
+            missing = [f"{k[1]} {status.get(k, 'not in the CSV')}" for k, t in zip(keys, (t_ours, t_peer)) if t is None]
+            out.append({"config": config, **{n: first[n] for n in names}, "phase": phase, "ours": ours,
+                        "peer": adapter.peer, "ours_ms": t_ours, "peer_ms": t_peer,
+                        "speedup": t_peer / t_ours if not missing else None, "note": "; ".join(missing)})
+    return out
+
+
+def _why(note: str) -> str:
+    """'flash-semicrf skipped' of 'flash-semicrf skipped: one call would take ...' (each of '; '-joined notes)."""
+    return "; ".join(part.split(":")[0] for part in note.split("; "))
+
+
+def speedup_figure(table: list[dict], adapter: adapters.Adapter):
+    """Horizontal bars from 1x to each speedup (log scale), one row of bars per configuration (labelled with the
+    axes that differ between configurations), one colour per phase; a line at 1x; each bar annotated with its
+    value, a configuration-phase that did not run with why (once per configuration when no phase ran). None when
+    the table has no speedup."""
+    if not any(r["speedup"] for r in table):
+        return None
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    names = [a.name for a in adapter.axes]
+    configs = list(dict.fromkeys(r["config"] for r in table))
+    first = {r["config"]: tuple(str(r[n]) for n in names) for r in table}
+    labels, same = short_labels([first[c] for c in configs], names)
+    phases = [p for p in PHASES if any(r["phase"] == p for r in table)]
+    colors = {p: f"C{n}" for n, p in enumerate(phases)}
+    ours, peer = table[0]["ours"], table[0]["peer"]
+    height = 0.8 / len(phases)
+    fig, ax = plt.subplots(figsize=(9.0, 1.8 + 0.3 * len(configs) * len(phases)), layout="constrained")
+    values = [r["speedup"] for r in table if r["speedup"]]
+    for c, config in enumerate(configs):
+        mine = {r["phase"]: r for r in table if r["config"] == config}
+        if not any(r["speedup"] for r in mine.values()):
+            notes = list(dict.fromkeys(part for r in mine.values() for part in r["note"].split("; ")))
+            ax.text(1.06, c, textwrap.fill("not run: " + "; ".join(notes), 48), va="center", ha="left",
+                    fontsize=9, color="0.35")
+            continue
+        for n, phase in enumerate(phases):
+            r = mine.get(phase)
+            if r is None:
+                continue
+            yc = c + (n - (len(phases) - 1) / 2) * height
+            if r["speedup"]:
+                sp = r["speedup"]
+                ax.barh(yc, sp - 1.0, height, left=1.0, color=colors[phase], gid=f"{config}|{phase}")
+                ax.text(sp * (1.06 if sp >= 1 else 1 / 1.06), yc, f"{sp:,.0f}x" if sp >= 100 else f"{sp:.3g}x",
+                        va="center", ha="left" if sp >= 1 else "right", fontsize=9)
+            else:
+                ax.text(1.06, yc, f"{phase}: {_why(r['note'])}", va="center", ha="left", fontsize=9,
+                        color="0.35")
+    for text in ax.texts:  # annotations inside the axes: they must not squeeze the layout
+        text.set_in_layout(False)
+    ax.axvline(1.0, color="black", linewidth=1.0)
+    ax.set_xscale("log")
+    lo, hi = min(values + [1.0]) / 4.0, max(values + [5.0]) * 4.0  # room right of 1x for the notes
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5) if hi / lo < 1e3 else (1,)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_ylim(len(configs) - 0.5, -0.5)
+    ax.set_yticks(range(len(configs)), [textwrap.fill(labels[first[c]] or c, 30) for c in configs], fontsize=10)
+    ax.tick_params(axis="x", labelsize=10)
+    ax.set_xlabel(f"speedup over {peer} (x)", fontsize=11)
+    fig.suptitle(f"{adapter.title}: speedup of {ours} over {peer}\n{peer} time / {ours} time per configuration "
+                 f"(> 1: {ours} faster)" + (f"\nthe same in every run: {same}" if same else ""), fontsize=12)
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.legend(handles=[Patch(color=colors[p], label=p) for p in phases], title="phase", fontsize=10,
+               title_fontsize=10, loc="outside right upper", frameon=False)
+    return fig
 
 
 def bar_plot(path: Path, groups: list[str], series: dict[str, list[Optional[float]]], ylabel: str,
@@ -292,6 +503,7 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
         "backward_forward_ratios.csv": backward_forward(rows),
         f"{adapter.variant_axis}_overhead.csv": variant_overhead(rows, adapter),
         "crossover_points.csv": crossovers(ratios, adapter) if ratios else [],
+        "speedup_over_peer.csv": speedup_over_peer(rows, adapter),
     }
     for name, table in tables.items():
         cols = list(dict.fromkeys(k for row in table for k in row)) or ["empty"]
@@ -304,22 +516,26 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     labels = {a.name: f"{a.name}: {a.help}" for a in adapter.axes}
     memory_column = adapter.memory_column or size
     first = adapter.plot_axes[0]
-    figures = [line_plot(out_dir / f"time_vs_{axis}.{fmt}", rows, axis, lambda r: finite(r["time_ms"]),
-                       "median time (ms)", f"{adapter.title}: time", labels.get(axis, axis))
+    grid = {"axes": [a.name for a in adapter.axes], "variant": adapter.variant_axis}
+    speedup = speedup_figure(tables["speedup_over_peer.csv"], adapter)
+    figures = [None if speedup is None else _save(speedup, out_dir / f"speedup_over_peer.{fmt}")]
+    figures += [line_plot(out_dir / f"time_vs_{axis}.{fmt}", rows, axis, lambda r: finite(r["time_ms"]),
+                       "median time (ms)", f"{adapter.title}: time", labels.get(axis, axis), **grid)
              for axis in adapter.plot_axes]
     figures.append(line_plot(out_dir / f"throughput_vs_{first}.{fmt}", rows, first, lambda r: finite(r["throughput"]),
-                           f"throughput ({unit} / s)", f"{adapter.title}: throughput", labels.get(first, first)))
+                           f"throughput ({unit} / s)", f"{adapter.title}: throughput", labels.get(first, first),
+                           **grid))
     copy = (header.get("floors") or {}).get("copy_bytes_per_s")
     figures += [line_plot(out_dir / f"bandwidth_vs_{axis}.{fmt}", rows, axis,
                         lambda r: finite(r["bytes_per_s"]) and finite(r["bytes_per_s"]) / 1e9,
                         "floor bytes / time (GB/s)", f"{adapter.title}: bytes/s vs the floor", labels.get(axis, axis),
-                        hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None)
+                        hline=(copy / 1e9, "copy bandwidth (floor)") if copy else None, **grid)
               for axis in adapter.plot_axes]
     figures.append(line_plot(out_dir / f"memory_per_unit_vs_{first}.{fmt}", rows, first,
                            lambda r: finite(r["peak_mb"]) and finite(r[memory_column])
                            and finite(r["peak_mb"]) * 2**20 / finite(r[memory_column]),
                            f"peak bytes per {memory_column}", f"{adapter.title}: memory per {memory_column}",
-                           labels.get(first, first)))
+                           labels.get(first, first), **grid))
     bf = tables["backward_forward_ratios.csv"]
     impls = list(dict.fromkeys(r["impl"] for r in bf))
     figures.append(bar_plot(out_dir / f"backward_forward.{fmt}", impls,

@@ -2,7 +2,8 @@
 
 For each family, ``traces/guide/benchmarks/<family>.md`` shows the latest committed run in
 ``benchmarks/results/<family>/`` (device, commit, date, versions, floors; a table of medians and ratios per
-configuration and phase; the key plots, copied next to the page into ``traces/guide/benchmarks/<family>/``).
+configuration and phase; the key plots, copied next to the page into ``traces/guide/benchmarks/<family>/`` and
+shown one per row at the full width of the content).
 A page is marked STALE when a source file of the family changed since the run: the git blob ids stored in the
 run's header (``sources``) are compared with those of ``Family.source_files()`` now. Pages are deterministic
 (no generation time), so ``--check`` (and tests/test_benchmarks_site.py) can tell whether they are current.
@@ -22,8 +23,11 @@ from benchmarks.runner import finite, read_rows
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PAGES = REPO / "traces" / "guide" / "benchmarks"
-KEY_PLOTS = ("time_vs_{first}.png", "ratio_heatmap_both.png", "ratio_heatmap_forward.png",
+KEY_PLOTS = ("speedup_over_peer.png", "time_vs_{first}.png", "ratio_heatmap_both.png", "ratio_heatmap_forward.png",
              "bandwidth_vs_{first}.png", "backward_forward.png")
+# The plots are shown one per row at the full width of the content (md_in_html keeps the images Markdown, so their
+# links are resolved like any other)
+PLOT_STYLE = "<style>.benchmark-plot img { display: block; width: 100%; height: auto; }</style>"
 
 
 def current_sources(family: str) -> Optional[dict[str, str]]:
@@ -113,8 +117,11 @@ def page(family: str, results: Path) -> tuple[str, dict[str, bytes]]:
         name = name.format(first=adapter.plot_axes[0])
         source = run_dir / "plots" / name
         if source.exists():
+            if not plots:
+                lines += [PLOT_STYLE, ""]
             plots[name] = source.read_bytes()
-            lines += [f"![{name[:-4].replace('_', ' ')}]({family}/{name})", ""]
+            lines += ['<div class="benchmark-plot" markdown="1">', "",
+                      f"![{name[:-4].replace('_', ' ')}]({family}/{name})", "", "</div>", ""]
     lines += ["## Medians", ""] + results_table(rows, adapter, baseline) + [""]
     lines += [f"Full results: `benchmarks/results/{family}/` (CSV, JSON header, memory breakdown, all plots and "
               "tables).", ""]

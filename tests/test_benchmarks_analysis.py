@@ -1,5 +1,6 @@
 """``python -m benchmarks analyze`` on a synthetic semi-CRF CSV whose ratios, crossover points, backward/forward
-ratios and semiring overheads are worked out by hand below."""
+ratios, semiring overheads and speedups over the peer are worked out by hand below; the line plots join only
+points of one configuration of the other axes."""
 from __future__ import annotations
 
 import csv
@@ -14,7 +15,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters  # noqa: E402
-from benchmarks.analysis import analyze, line_plot  # noqa: E402
+from benchmarks.analysis import (analyze, line_figure, line_groups, line_plot, speedup_figure,  # noqa: E402
+                                 speedup_over_peer)
 from benchmarks.common import write_csv  # noqa: E402
 from benchmarks.runner import columns  # noqa: E402
 
@@ -105,7 +107,7 @@ def test_semiring_overhead_and_summary(analyzed):
 
 def test_every_plot_is_drawn(analyzed):
     names = {p.name for p in analyzed.glob("*.png")}
-    assert {"time_vs_T.png", "time_vs_KC.png", "throughput_vs_T.png", "bandwidth_vs_T.png",
+    assert {"speedup_over_peer.png", "time_vs_T.png", "time_vs_KC.png", "throughput_vs_T.png", "bandwidth_vs_T.png",
             "memory_per_unit_vs_T.png", "backward_forward.png", "semiring_overhead.png",
             "ratio_heatmap_forward.png", "ratio_heatmap_backward.png", "ratio_heatmap_both.png"} <= names
 
@@ -127,3 +129,94 @@ def test_pdf_format(tmp_path):
     path = line_plot(tmp_path / "time.pdf", rows, "T", lambda r: float(r["time_ms"]) if r["time_ms"] else None,
                      "median time (ms)", "time", "T")
     assert path.read_bytes().startswith(b"%PDF")
+
+
+# ------------------------------------------------------------------------------- like with like, and the speedup
+
+AXES = ["B", "T", "K", "C", "semiring"]
+
+
+def varying_rows(path: Path) -> list[dict]:
+    """Rows of one implementation and phase whose B, K, C change along T, as in a run of anchor shapes: a series
+    (B=4, K=8, C=3) at T = 100, 1000, 10000, and at T = 1000 and 1024 configurations of other B, K, C, and the
+    series at T = 1000 in the Max semiring. Every time is distinct, so a point names its row."""
+    adapter = adapters.load("semicrf")
+    configs = [(4, 100, 8, 3, "Log"), (4, 1000, 8, 3, "Log"), (4, 10000, 8, 3, "Log"), (64, 1000, 100, 24, "Log"),
+               (4, 1024, 16, 12, "Log"), (4, 1000, 8, 3, "Max"), (16, 4096, 32, 24, "Log")]
+    rows = []
+    for n, values in enumerate(configs):
+        config = dict(zip(AXES, values))
+        for m, impl in enumerate(("triton", "flash-semicrf")):
+            ms = (n + 1) * 1.5 + 100 * m
+            rows.append({"family": "semicrf", "config": adapter.label(config), **config, **adapter.derived(config),
+                         "impl": impl, "ours": impl == "triton", "phase": "forward", "status": "ok",
+                         "time_ms": ms})
+    write_csv(path, rows, columns(adapter))
+    return table(path)
+
+
+def test_a_line_joins_only_points_of_one_configuration_of_the_other_axes(tmp_path):
+    rows = varying_rows(tmp_path / "benchmark_full.csv")
+    by_point = {(float(r["T"]), float(r["time_ms"])): r for r in rows}
+    fig = line_figure(rows, "T", lambda r: float(r["time_ms"]), "median time (ms)", "time", "T")
+    lines = [line for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata()) > 0]
+    joined = [line for line in lines if line.get_linestyle() != "None" and len(line.get_xdata()) > 1]
+    drawn = set()
+    for line in lines:
+        points = [by_point[(float(x), float(y))] for x, y in zip(line.get_xdata(), line.get_ydata())]
+        drawn.update(r["config"] + r["impl"] for r in points)
+        assert len({r["impl"] for r in points}) == 1
+        assert len({tuple(r[a] for a in AXES if a != "T") for r in points}) == 1, [r["config"] for r in points]
+        assert [float(r["T"]) for r in points] == sorted(float(r["T"]) for r in points)
+    assert drawn == {r["config"] + r["impl"] for r in rows}  # every row is drawn, once
+    # the one series of the Log semiring at B=4, K=8, C=3 is the only line, one per implementation
+    assert sorted((line.get_xdata().tolist(), line.get_color()) for line in joined) == [
+        ([100.0, 1000.0, 10000.0], "C0"), ([100.0, 1000.0, 10000.0], "C1")]
+    # every other configuration is an unconnected marker
+    assert all(len(line.get_xdata()) == 1 and line.get_linestyle() == "None" for line in lines if line not in joined)
+    # the legend: one entry per implementation, then the other axes that differ (semiring among them)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend.count("triton") == 1 and legend.count("flash-semicrf") == 1
+    assert "B=4, K=8, C=3, semiring=Log" in legend and "B=4, K=8, C=3, semiring=Max (one point)" in legend
+
+
+def test_line_groups_along_a_derived_axis_join_nothing(tmp_path):
+    """K*C is no grid axis: two points of one K*C differ in K or C, so no line joins them."""
+    rows = varying_rows(tmp_path / "benchmark_full.csv")
+    groups = line_groups(rows, "KC", lambda r: float(r["time_ms"]), AXES)
+    assert groups and all(len(points) == 1 for points in groups.values())
+    groups = line_groups(rows, "T", lambda r: float(r["time_ms"]), AXES)
+    assert groups[("forward", "triton", ("4", "8", "3", "Log"))] == [(100.0, 1.5), (1000.0, 3.0), (10000.0, 4.5)]
+
+
+def test_speedup_over_the_peer_is_peer_time_over_our_time(tmp_path):
+    synthetic_csv(tmp_path / "benchmark_full.csv")
+    adapter = adapters.load("semicrf")
+    speedups = speedup_over_peer(table(tmp_path / "benchmark_full.csv"), adapter)
+    got = {(int(r["T"]), r["semiring"], r["phase"]): r["speedup"] for r in speedups}
+    # flash-semicrf (the adapter's peer) time / triton time, by hand from TIMES, forward and forward+backward only
+    # (the backward alone splits work differently per implementation); Max: the peer did not run
+    assert got == {(100, "Log", "forward"): 0.5, (100, "Log", "both"): 2.0,
+                   (10000, "Log", "forward"): 2.0, (10000, "Log", "both"): 4.0,
+                   (100, "Max", "forward"): None}
+    assert {(r["ours"], r["peer"]) for r in speedups} == {("triton", "flash-semicrf")}
+    notes = {r["phase"]: r["note"] for r in speedups if r["semiring"] == "Max"}
+    assert "flash-semicrf" in notes["forward"]
+
+    fig = speedup_figure(speedups, adapter)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "speedup over flash-semicrf (x)"
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [1.0]  # the line at 1x
+    bars = {}
+    for patch in ax.patches:
+        config, phase = patch.get_gid().split("|")
+        assert patch.get_x() == 1.0  # bars start at 1x
+        bars[(config, phase)] = 1.0 + patch.get_width()
+    expected = {(r["config"], r["phase"]): r["speedup"] for r in speedups if r["speedup"] is not None}
+    assert bars.keys() == expected.keys()
+    assert all(math.isclose(bars[k], v) for k, v in expected.items())
+    texts = [t.get_text() for t in ax.texts]
+    assert "0.5x" in texts and "4x" in texts
+    analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", plots=False)
+    csv_speedups = table(tmp_path / "plots" / "speedup_over_peer.csv")
+    assert [float(r["speedup"]) for r in csv_speedups if r["speedup"]] == [0.5, 2.0, 2.0, 4.0]
