@@ -40,7 +40,7 @@ from kernel_sentinel.report import JUnitCase, junit_tree, save_junit
 GLOBAL_INPUTS = ("sentinel/", "pyproject.toml")
 RECORD_HINT = "run `sentinel verify --device cuda --record` on a GPU, then `sentinel trace`, and commit both"
 TRACE_HINT = "run `sentinel trace` and commit the result"
-DETAIL_LIMIT = 2000  # characters of evidence (a trace diff, verify's output) kept in a step's detail
+DETAIL_LIMIT = 4000  # characters of evidence (a trace diff, verify's output) kept in a step's detail
 
 
 @dataclass(frozen=True)
