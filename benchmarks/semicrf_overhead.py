@@ -71,12 +71,6 @@ def inputs(B: int, T: int, K: int, C: int, device: torch.device) -> tuple:
     return tuple(x.to(device) for x in (cum, trans, dur, lengths)) + (K,)
 
 
-def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
-    """Median over ``repeats`` loops of back-to-back calls of the time per call, in microseconds
-    (:func:`benchmarks.overhead.wall_us`)."""
-    return wall_us(fn, calls, repeats, device)
-
-
 def kernel_us(fn: Callable[[], Any], device: torch.device) -> Optional[float]:
     """Device time of ``fn`` from CUDA-graph replays (median), in microseconds; None without CUDA. If the capture
     fails, ``do_bench`` (events, L2 flushed; its flush hides the host time of a short call) and a warning."""
@@ -107,11 +101,11 @@ def measure(shape: tuple[int, int, int, int], calls: int, repeats: int, device: 
             public()
 
     row = dict(shape=",".join(map(str, shape)),
-               make_call_us=per_call_us(lambda: make_call(*args), calls, repeats, device),
-               partition_us=per_call_us(lambda: triton_ops.partition(call), calls, repeats, device),
-               public_us=per_call_us(public, calls, repeats, device),
-               public_sync_us=per_call_us(public_sync, calls, repeats, device),
-               train_step_us=per_call_us(train_step, calls, repeats, device),
+               make_call_us=wall_us(lambda: make_call(*args), calls, repeats, device),
+               partition_us=wall_us(lambda: triton_ops.partition(call), calls, repeats, device),
+               public_us=wall_us(public, calls, repeats, device),
+               public_sync_us=wall_us(public_sync, calls, repeats, device),
+               train_step_us=wall_us(train_step, calls, repeats, device),
                kernel_f32_chain_us=kernel_us(lambda: triton_ops.partition(call), device),
                kernel_f64_chain_us=kernel_us(lambda: triton_ops._forward(plan, True, torch.float64), device),
                kernel_train_us=kernel_us(lambda: triton_ops.train_forward(call), device))
