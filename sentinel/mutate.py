@@ -301,9 +301,12 @@ class Scratch:
         return env
 
     def worker(self, family: str, routes: Sequence[str], seed: int, timeout: float,
-               coverage_to: Optional[Path] = None) -> tuple[int, str, bool]:
-        """Run the worker on ``routes`` in a fork; ``(exit code, last output line, timed out)``."""
+               coverage_to: Optional[Path] = None, checks: Sequence[str] = ()) -> tuple[int, str, bool]:
+        """Run the worker on ``routes`` in a fork (only ``checks`` when given); ``(exit code, last output line,
+        timed out)``."""
         argv = ["--family", family, "--seed", str(seed), "--route", *routes]
+        if checks:
+            argv += ["--check", *checks]
         if coverage_to is not None:
             argv += ["--coverage", str(coverage_to)]
         if self._server is None or self._server.poll() is not None:
@@ -380,12 +383,14 @@ def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline
 def worker(argv: Sequence[str]) -> int:
     """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check;
     exit 1 (printing ``route dtype check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
-    which route reaches which line of the kernel library, and each route's time, as JSON."""
+    which route reaches which line of the kernel library, and each route's time, as JSON. ``--check NAME ...``: only
+    these checks (a planted-bug test that names the check it expects to fail)."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
     parser.add_argument("--family", required=True)
     parser.add_argument("--route", nargs="+", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--coverage", type=Path)
+    parser.add_argument("--check", nargs="+", help="only these checks (default: all)")
     args = parser.parse_args(argv)
 
     import warnings
@@ -414,6 +419,8 @@ def worker(argv: Sequence[str]) -> int:
         if module.suffix == ".py" and module.parts[0] == "kernels" and module.name != "__init__.py":
             __import__(".".join(("provable_kernels", *module.parts[1:-1], module.stem)))
     options = Options(device=torch.device("cpu"), seed=args.seed, examples=QUICK_EXAMPLES)
+    if args.check:
+        options = dataclasses.replace(options, checks=tuple(args.check))
     seconds: dict[str, float] = {}
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     for route_id in args.route:
@@ -679,4 +686,5 @@ if __name__ == "__main__":
         sys.exit(serve())
     if sys.argv[1:2] == ["worker"]:
         sys.exit(worker(sys.argv[2:]))
-    sys.exit("usage: python -m kernel_sentinel.mutate serve | worker --family F --route R [R ...] [--seed S]")
+    sys.exit("usage: python -m kernel_sentinel.mutate serve | "
+             "worker --family F --route R [R ...] [--seed S] [--check C ...]")
