@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,14 @@ class Condition:
 
 @dataclass(frozen=True)
 class Route:
-    """A leaf of the tree: a stable id (``family.backend.variant``) and the function that runs the call."""
+    """A leaf of the tree: a stable id (``family.backend.variant``) and the function that runs the call.
+    ``prepare(call)``, when given, returns a runner for every call with ``call``'s signature (its plan, launch
+    options and kernels looked up once: :class:`provable_kernels.runtime.Entry`); the runner computes what ``fn``
+    computes, bitwise."""
 
     id: str
     fn: Callable[[Any], Any]
+    prepare: Optional[Callable[[Any], Callable[[Any], Any]]] = None
 
     @property
     def doc(self) -> str:  # verify: unreached (the trace text: sentinel trace, tests/test_dispatch_tree.py)
@@ -138,19 +142,23 @@ class Tree:
     def dispatch(self, call: Any) -> Any:
         """Select the route for ``call``, record its id, run it."""
         route = self.select(call)
+        return self.run(route, route.fn, call)
+
+    def run(self, route: Route, runner: Callable[[Any], Any], call: Any) -> Any:
+        """Record ``route``'s id in every active :func:`recording`, then return ``runner(call)``."""
         # torch.compile cannot trace a ContextVar; recordings observe eager calls
         if _compiling():  # verify: unreached (torch.compile: tests/test_semicrf_training.py, GPU script)
-            return route.fn(call)
+            return runner(call)
         recordings = _RECORDINGS.get()
         if not recordings:  # nothing to record (host time per call)
-            return route.fn(call)
+            return runner(call)
         depth = _DEPTH.get()
         for taken, opened, nested in recordings:
             if nested or depth == opened:
                 taken.append(route.id)
         token = _DEPTH.set(depth + 1)
         try:
-            return route.fn(call)
+            return runner(call)
         finally:
             _DEPTH.reset(token)
 

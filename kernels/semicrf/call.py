@@ -96,19 +96,32 @@ def check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start=N
                  at_sync_point: bool = False, use_triton: bool = False) -> Scores:
     """Validate the score tensors (naming the argument on error: ``TypeError`` for a wrong type or dtype,
     ``ValueError`` for a wrong shape, device or value) and cast the float ones to the compute dtype (module
-    docstring). Types, shapes, dtypes and devices are checked on the host before any work; the value checks
-    (finiteness, length range) follow the host-sync policy of :class:`provable_kernels.validate.DataChecks`
-    (``at_sync_point``: the caller reads results on the host anyway): a named error now, or, in device mode,
-    ``Scores.ok`` for the caller to poison its outputs with (``lengths`` then clamped into 1..T).
+    docstring): :func:`check_metadata`, then :func:`bind_scores`."""
+    _refuse_transforms()
+    meta = check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    return bind_scores(meta, cum_scores, transition, duration_bias, lengths, proj_start, proj_end,
+                       at_sync_point=at_sync_point, use_triton=use_triton)
 
-    ``use_triton``: the caller allows the Triton kernels. Where they run (:func:`triton_runs`) they check the values of each sequence
-    themselves (a failed check makes that sequence's output NaN, lengths clamped), so device mode adds nothing
-    here; host mode runs every check in one launch (:mod:`provable_kernels.fused_checks`) and, on a failure,
-    again per argument for the named error."""
+
+def _refuse_transforms() -> None:
     # verify: unreached (torch.func transforms are refused with a hint; tests)
     if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
         raise RuntimeError(TRANSFORMS_HINT)
-    dtype, K, cast = _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+
+
+def bind_scores(meta: tuple, cum_scores, transition, duration_bias, lengths, proj_start, proj_end, *,
+                at_sync_point: bool, use_triton: bool) -> Scores:
+    """The :class:`Scores` of arguments that passed :func:`check_metadata` (``meta``: its result), cast to the
+    compute dtype, after the value checks (finiteness, length range, the zero row), which follow the host-sync
+    policy of :class:`provable_kernels.validate.DataChecks` (``at_sync_point``: the caller reads results on the
+    host anyway): a named error now, or, in device mode, ``Scores.ok`` for the caller to poison its outputs with
+    (``lengths`` then clamped into 1..T).
+
+    ``use_triton``: the caller allows the Triton kernels. Where they run (:func:`triton_runs`) they check the
+    values of each sequence themselves (a failed check makes that sequence's output NaN, lengths clamped), so
+    device mode adds nothing here; host mode runs every check in one launch (:mod:`provable_kernels.fused_checks`)
+    and, on a failure, again per argument for the named error."""
+    dtype, K, cast = meta
     device, T1, C = cum_scores.device, cum_scores.shape[1], cum_scores.shape[2]
     if cast:  # verify: unreached (mixed-dtype arguments: tests/test_semicrf_training.py, the GPU script's mixed section)
         cum_scores, transition, duration_bias, proj_start, proj_end = (
@@ -142,43 +155,9 @@ def _zero_row(cum_scores: torch.Tensor) -> torch.Tensor:
     return (cum_scores[:, 0] == 0).all()
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_VALIDATED: dict[tuple, tuple[torch.dtype, int, bool]] = {}  # argument signature -> _check_metadata's result
-_VALIDATED_MAX = 256
-
-
-def _check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end) -> tuple:
+def check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end) -> tuple:
     """Check every argument's type, rank, dtype, device and shape (naming it on error; values are not read) and
-    return ``(compute dtype, K as an int, whether a float tensor needs a cast to it)``. A signature seen before (each argument's type and, for tensors,
-    dtype, device and shape; plain tensors and an int K only) passed these checks then and is looked up instead
-    (host time per call)."""
-    key = None if torch.compiler.is_compiling() else _signature(
-        (cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end))
-    found = _VALIDATED.get(key) if key is not None else None
-    if found is None:
-        found = _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
-        if key is not None:
-            if len(_VALIDATED) >= _VALIDATED_MAX:  # verify: unreached (more signatures than that in one process)
-                _VALIDATED.clear()
-            _VALIDATED[key] = found
-    return found
-
-
-def _signature(args: tuple) -> Optional[tuple]:
-    """What the metadata checks decide on, as a hashable key; None for arguments the cache does not cover."""
-    key = []
-    for x in args:
-        if type(x) in _PLAIN:
-            key.append((type(x), x.dtype, x.device, x.shape))
-        elif x is None or type(x) is int:
-            key.append(x)
-        else:
-            return None
-    return tuple(key)
-
-
-def _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end) -> tuple:
-    """The checks of :func:`_check_metadata`, run in full."""
+    return ``(compute dtype, K as an int, whether a float tensor needs a cast to it)``."""
     cum_scores = validate.tensor("cum_scores", cum_scores, ndim=3, dtypes=INPUT_DTYPES)
     device = cum_scores.device
     B, T1, C = cum_scores.shape
@@ -205,21 +184,36 @@ def _check_metadata_in_full(cum_scores, transition, duration_bias, lengths, K, p
     return dtype, K, dtypes != {dtype}
 
 
-def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
-              use_triton) -> StreamingCall:
-    """Validate every argument (naming it on error, see :func:`check_scores`) and bundle them into a
-    :class:`StreamingCall`. ``op="viterbi"`` reads its value checks on the host wherever possible (its results
-    become Python values anyway)."""
-    op = validate.choice("op", op, OPS)
-    semiring = validate.choice("semiring", semiring, SEMIRINGS)
+def check(op: str, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
+          use_triton) -> tuple:
+    """The metadata checks of a streaming call (every argument but the values, naming it on error); returns
+    :func:`check_metadata`'s result."""
+    validate.choice("semiring", semiring, SEMIRINGS)
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
-    scores = check_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end,
-                          at_sync_point=op == "viterbi", use_triton=use_triton)
+    _refuse_transforms()
+    return check_metadata(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+
+
+def bind(op: str, meta: tuple, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
+         use_triton) -> StreamingCall:
+    """The :class:`StreamingCall` of arguments that passed :func:`check` (``meta``: its result), with the value
+    checks of :func:`bind_scores`. ``op="viterbi"`` reads its value checks on the host wherever possible (its
+    results become Python values anyway)."""
+    scores = bind_scores(meta, cum_scores, transition, duration_bias, lengths, proj_start, proj_end,
+                         at_sync_point=op == "viterbi", use_triton=use_triton)
     # Fields spelled out: torch.compile (dynamo) cannot trace vars() of a dataclass.
     return StreamingCall(scores.cum_scores, scores.transition, scores.duration_bias, scores.lengths, scores.K,
                          scores.proj_start, scores.proj_end, ok=scores.ok, op=op, semiring=semiring,
                          use_triton=use_triton)
+
+
+def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
+              use_triton) -> StreamingCall:
+    """Validate every argument (:func:`check`, then :func:`bind`) and bundle them into a :class:`StreamingCall`."""
+    op = validate.choice("op", op, OPS)
+    args = (cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end, use_triton)
+    return bind(op, check(op, *args), *args)
 
 
 def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:

@@ -6,6 +6,7 @@ share the autograd glue of :mod:`~provable_kernels.semicrf.autograd`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -13,7 +14,8 @@ import torch
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels import validate
 from provable_kernels.semicrf import autograd
-from provable_kernels.semicrf.call import OPS, SEMIRINGS, StreamingCall, make_call, triton_runs
+from provable_kernels.runtime import Entry
+from provable_kernels.semicrf.call import OPS, SEMIRINGS, StreamingCall, bind, check, triton_runs
 from provable_kernels.semicrf.structures import ViterbiResult, to_result
 
 
@@ -131,6 +133,15 @@ TREE = Tree(
 # ---------------------------------------------------------------------------------------------- entry points
 
 
+def _entry(op: str, finish) -> Entry:
+    return Entry(TREE, functools.partial(check, op), functools.partial(bind, op), finish)
+
+
+PARTITION = _entry("partition", lambda call, out: validate.poison(call.ok, out))
+VITERBI = _entry("viterbi", lambda call, path: to_result(call, path._replace(
+    scores=validate.poison(call.ok, path.scores))))
+
+
 def semi_crf_streaming_forward(
     cum_scores: torch.Tensor,
     transition: torch.Tensor,
@@ -166,9 +177,7 @@ def semi_crf_streaming_forward(
     compile/capture NaN outputs and gradients, for the spoiled sequences only on the Triton backend (its kernels
     check each sequence), for the whole batch on the PyTorch one.
     """
-    call = make_call("partition", cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
-                     use_triton)
-    return validate.poison(call.ok, TREE.dispatch(call))
+    return PARTITION(cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end, use_triton)
 
 
 def semi_crf_viterbi(
@@ -190,7 +199,4 @@ def semi_crf_viterbi(
     reads its results on the host, so value errors are named ``ValueError`` on every device (not under compile or
     capture, where Python segments cannot be built anyway).
     """
-    call = make_call("viterbi", cum_scores, transition, duration_bias, lengths, K, "max", proj_start, proj_end,
-                     use_triton)
-    path = TREE.dispatch(call)
-    return to_result(call, path._replace(scores=validate.poison(call.ok, path.scores)))
+    return VITERBI(cum_scores, transition, duration_bias, lengths, K, "max", proj_start, proj_end, use_triton)

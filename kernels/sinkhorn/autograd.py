@@ -17,17 +17,29 @@ from provable_kernels.custom_ops import Op
 from provable_kernels.sinkhorn import triton_ops
 
 
-def _as_batch(t: torch.Tensor) -> torch.Tensor:
+def as_batch(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (..., n, n) as a contiguous (B, n, n) tensor (a view when it is contiguous)."""
     n = t.shape[-1]
     return t.reshape(-1, n, n).contiguous()
 
 
 def _forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
-    return triton_ops.forward(_as_batch(x), iters, domain, eps).reshape(x.shape)
+    return triton_ops.forward(as_batch(x), iters, domain, eps).reshape(x.shape)
+
+
+def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float):
+    """The forward op's implementation for every ``x`` with this one's signature, as a function of ``x``, its
+    launch made once (:func:`triton_ops.prepare_forward`): the eager path of an inference call (no autograd, no
+    custom-op dispatcher: :mod:`provable_kernels.runtime`)."""
+    forward = triton_ops.prepare_forward(as_batch(x), iters, domain, eps)
+
+    def forward_prepared(x: torch.Tensor) -> torch.Tensor:
+        return forward(as_batch(x)).reshape(x.shape)
+    return forward_prepared
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
-    return triton_ops.backward(_as_batch(grad.to(x.dtype)), _as_batch(x), iters, domain, eps).reshape(x.shape)
+    return triton_ops.backward(as_batch(grad.to(x.dtype)), as_batch(x), iters, domain, eps).reshape(x.shape)
 
 
 # verify: unreached (the fake-tensor kernels: torch.compile and opcheck, in the tests)

@@ -11,7 +11,8 @@ from torch import nn
 from provable_kernels import validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
 from provable_kernels.sinkhorn import autograd, torch_ops, triton_ops
-from provable_kernels.sinkhorn.call import DOMAINS, SinkhornCall, make_call, require_call
+from provable_kernels.runtime import Entry
+from provable_kernels.sinkhorn.call import DOMAINS, SinkhornCall, bind, check, make_call, require_call
 
 # ----------------------------------------------------------------------------------------------- conditions
 
@@ -55,6 +56,12 @@ def triton_infer(call: SinkhornCall) -> torch.Tensor:
         return autograd.sinkhorn_forward(call.x, call.iters, call.domain, call.eps)
 
 
+def prepare_triton_infer(call: SinkhornCall):
+    """:func:`triton_infer` for every call with ``call``'s signature, its launch made once."""
+    forward = autograd.prepare_forward(call.x, call.iters, call.domain, call.eps)
+    return lambda call: forward(call.x)
+
+
 def triton_train(call: SinkhornCall) -> torch.Tensor:
     """Fused Triton forward as a custom op whose backward is the hand-written Triton kernel: it replays the
     forward on chip from ``x`` and stores nothing per iteration."""
@@ -79,10 +86,10 @@ def torch_large(call: SinkhornCall) -> torch.Tensor:
     return torch_ops.sinkhorn(require_call(call))
 
 
-def _by_domain_and_grad(backend: str, infer, train) -> Branch:
+def _by_domain_and_grad(backend: str, infer, train, prepare_infer=None) -> Branch:
     return Branch(DOMAIN, {
         domain: Branch(GRAD, {
-            "infer": Route(f"sinkhorn.{backend}.{domain}.infer", infer),
+            "infer": Route(f"sinkhorn.{backend}.{domain}.infer", infer, prepare_infer),
             "train": Route(f"sinkhorn.{backend}.{domain}.train", train),
         })
         for domain in DOMAINS
@@ -91,13 +98,15 @@ def _by_domain_and_grad(backend: str, infer, train) -> Branch:
 
 TREE = Tree("sinkhorn", Branch(BACKEND, {
     "triton": Branch(SIZE, {
-        "fits": _by_domain_and_grad("triton", triton_infer, triton_train),
+        "fits": _by_domain_and_grad("triton", triton_infer, triton_train, prepare_triton_infer),
         "too_large": Route("sinkhorn.torch.large", torch_large),
     }),
     "torch": _by_domain_and_grad("torch", torch_infer, torch_train),
 }))
 
 # ------------------------------------------------------------------------------------------------ entry points
+
+ENTRY = Entry(TREE, check, bind)
 
 
 def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float = 1e-6, *,
@@ -114,7 +123,7 @@ def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float =
     (CPU tensors, or inside ``validate.value_checks("sync")``; one host read); in device mode (CUDA, compile,
     capture; no host read) each matrix holding one comes out NaN, with NaN gradients, and the others are exact. ``use_triton=False`` forces the PyTorch backend.
     """
-    return TREE.dispatch(make_call(x, iters, domain, eps, use_triton))
+    return ENTRY(x, iters, domain, eps, use_triton)
 
 
 class SinkhornKnopp(nn.Module):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import triton
@@ -83,31 +84,64 @@ def _checked(x: torch.Tensor) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def _launch(x: torch.Tensor, iters: int, domain: str, eps: float, log_kernel, prob_kernel, *tensors) -> None:
-    B, n = _checked(x)
-    p = plan(B, n, x.device)
-    f64 = x.dtype == torch.float64
-    common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
-    backward = log_kernel is kernels.log_backward_kernel
-    if backward:  # the scalings of every STRIDE-th step are kept in CP slots
-        stride = _stride(iters, p.NB)
-        common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
-    steps = (iters, stride) if backward else (iters,)
-    if domain == "log":
-        opts = launch.options(RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
-        launch.launcher(log_kernel).launch((p.grid,), (*tensors, B, *steps), opts)
-    else:
-        launch.launcher(prob_kernel).launch((p.grid,), (*tensors, B, *steps, *launch.float_halves(eps)),
-                                            launch.options(**common))
+class Launch:
+    """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, device, dtype, iters, domain,
+    eps)(*tensors)`` launches the log or prob kernel of the pair ``kernels`` (forward or backward) on ``tensors``
+    (its leading arguments: ``x, out`` or ``x, grad, gx``). The plan, options and launcher are made once, so that a
+    public call with a signature seen before only allocates and launches (:mod:`provable_kernels.runtime`)."""
+
+    __slots__ = ("launcher", "grid", "tail", "opts")
+
+    def __init__(self, kernels_pair: tuple, B: int, n: int, device: torch.device, dtype: torch.dtype, iters: int,
+                 domain: str, eps: float):
+        log_kernel, prob_kernel = kernels_pair
+        p = plan(B, n, device)
+        f64 = dtype == torch.float64
+        common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
+        steps: tuple = (iters,)
+        if log_kernel is kernels.log_backward_kernel:  # the scalings of every STRIDE-th step are kept in CP slots
+            stride = _stride(iters, p.NB)
+            common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
+            steps = (iters, stride)
+        self.grid = (p.grid,)
+        if domain == "log":
+            self.launcher = launch.launcher(log_kernel)
+            self.opts = launch.options(RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+            self.tail = (B, *steps)
+        else:
+            self.launcher = launch.launcher(prob_kernel)
+            self.opts = launch.options(**common)
+            self.tail = (B, *steps, *launch.float_halves(eps))
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)
+
+
+FORWARD = (kernels.log_forward_kernel, kernels.prob_forward_kernel)
+BACKWARD = (kernels.log_backward_kernel, kernels.prob_backward_kernel)
 
 
 def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
     """Sinkhorn of every matrix of ``x`` (B, n, n) contiguous; returns a fresh (B, n, n) in ``x``'s dtype."""
-    B, _ = _checked(x)
+    B, n = _checked(x)
     out = alloc.empty_like(x)
     if B:
-        _launch(x, iters, domain, eps, kernels.log_forward_kernel, kernels.prob_forward_kernel, x, out)
+        Launch(FORWARD, B, n, x.device, x.dtype, iters, domain, eps)(x, out)
     return out
+
+
+def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:func:`forward` for every ``x`` with this one's shape, strides, dtype and device, as a function of ``x``
+    (its launch made once: :class:`Launch`)."""
+    B, n = _checked(x)
+    run = Launch(FORWARD, B, n, x.device, x.dtype, iters, domain, eps) if B else None
+
+    def forward_prepared(x: torch.Tensor) -> torch.Tensor:
+        out = alloc.empty_like(x)
+        if run is not None:
+            run(x, out)
+        return out
+    return forward_prepared
 
 
 def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
@@ -118,5 +152,5 @@ def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: 
         raise ValueError(f"grad must be contiguous with shape {tuple(x.shape)}, got {tuple(grad.shape)}")
     gx = alloc.empty_like(x)
     if B:
-        _launch(x, iters, domain, eps, kernels.log_backward_kernel, kernels.prob_backward_kernel, x, grad, gx)
+        Launch(BACKWARD, B, x.shape[1], x.device, x.dtype, iters, domain, eps)(x, grad, gx)
     return gx

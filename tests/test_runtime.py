@@ -1,0 +1,114 @@
+"""The shared host path (``provable_kernels.runtime``): a repeat call is a lookup, never a skipped check.
+
+Each property is shown on real entry points (Sinkhorn's Triton routes under the interpreter, the semi-CRF's) and
+compared with the full path (``TREE.dispatch(make_call(...))``), which runs every check and the route's own body.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from provable_kernels import runtime
+from provable_kernels.dispatch import recording
+from provable_kernels.semicrf import dispatch as semicrf_dispatch
+from provable_kernels.semicrf.call import make_call as semicrf_call
+from provable_kernels.sinkhorn import dispatch as sinkhorn_dispatch
+from provable_kernels.sinkhorn import sinkhorn
+from provable_kernels.sinkhorn.call import make_call as sinkhorn_call
+
+
+@pytest.fixture
+def entry():
+    """Sinkhorn's entry point with an empty cache (restored afterwards)."""
+    saved = dict(sinkhorn_dispatch.ENTRY.cache)
+    sinkhorn_dispatch.ENTRY.cache.clear()
+    yield sinkhorn_dispatch.ENTRY
+    sinkhorn_dispatch.ENTRY.cache.clear()
+    sinkhorn_dispatch.ENTRY.cache.update(saved)
+
+
+def test_one_entry_per_signature_and_repeat_calls_hit_it(entry):
+    x = torch.randn(3, 4, 4)
+    sinkhorn(x, 3, "prob")
+    sinkhorn(x + 1, 3, "prob")
+    assert len(entry.cache) == 1
+    sinkhorn(torch.randn(5, 4, 4), 3, "prob")  # another shape
+    sinkhorn(x, 4, "prob")  # another setting
+    sinkhorn(x.double(), 3, "prob")  # another dtype
+    sinkhorn(x.transpose(1, 2), 3, "prob")  # other strides
+    assert len(entry.cache) == 5
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+def test_the_prepared_runner_is_bitwise_the_full_path(entry, domain):
+    x = torch.randn(2, 3, 5, 5)
+    for views in (x, x.transpose(-1, -2)):  # contiguous and not
+        with recording() as taken:
+            first = sinkhorn(views, 6, domain)
+            repeat = sinkhorn(views, 6, domain)
+        full = sinkhorn_dispatch.TREE.dispatch(sinkhorn_call(views, 6, domain))
+        assert taken == [f"sinkhorn.triton.{domain}.infer"] * 2  # a cached route is still recorded
+        assert torch.equal(first, full) and torch.equal(repeat, full)
+
+
+def test_value_checks_run_on_every_call(entry):
+    x = torch.randn(3, 4, 4)
+    sinkhorn(x, 3)
+    bad = x.clone()
+    bad[1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains NaN or \+inf"):
+        sinkhorn(bad, 3)
+
+
+def test_a_cached_signature_does_not_admit_other_bad_arguments(entry):
+    x = torch.randn(3, 4, 4)
+    sinkhorn(x, 3)
+    with pytest.raises(ValueError, match="iters must be >= 1"):
+        sinkhorn(x, 0)
+    with pytest.raises(TypeError, match="iters must be an int"):
+        sinkhorn(x, 3.0)
+    with pytest.raises(TypeError, match="use_triton must be a bool"):
+        sinkhorn(x, 3, use_triton=1)
+
+
+def test_arguments_outside_the_cache_take_the_full_path(entry):
+    x = torch.randn(3, 4, 4)
+    assert runtime.signature((x, torch.tensor(3), "log", 1e-6, True)) is None  # a 0-d tensor for iters
+    got = sinkhorn(x, torch.tensor(3))
+    assert torch.equal(got, sinkhorn(x, 3)) and len(entry.cache) == 1
+    assert runtime.signature((torch.empty(3, 4, 4, device="meta"),)) is None
+
+
+def test_grad_mode_and_requires_grad_are_part_of_the_signature(entry):
+    x = torch.randn(3, 4, 4, requires_grad=True)
+    with recording() as taken:
+        sinkhorn(x, 3)
+        with torch.no_grad():
+            sinkhorn(x, 3)
+        sinkhorn(x.detach(), 3)
+    assert taken == ["sinkhorn.triton.log.train", "sinkhorn.triton.log.infer", "sinkhorn.triton.log.infer"]
+    assert len(entry.cache) == 3
+
+
+def test_the_cache_stays_bounded(entry, monkeypatch):
+    monkeypatch.setattr(runtime, "CACHE_SIZE", 2)
+    for b in range(1, 6):
+        sinkhorn(torch.randn(b, 2, 2), 2)
+    assert len(entry.cache) <= 2
+
+
+def test_semicrf_entries_share_the_runtime_and_keep_their_post_processing():
+    B, T, K, C = 2, 5, 3, 4
+    cum = torch.randn(B, T + 1, C).cumsum(1)
+    cum[:, 0] = 0
+    args = (cum, torch.randn(C, C), torch.randn(K, C), torch.tensor([5, 3]), K)
+    first = semicrf_dispatch.semi_crf_streaming_forward(*args)
+    repeat = semicrf_dispatch.semi_crf_streaming_forward(*args)
+    full = semicrf_dispatch.TREE.dispatch(semicrf_call("partition", *args, "log", None, None, True))
+    assert torch.equal(first, full) and torch.equal(repeat, full)
+    assert isinstance(semicrf_dispatch.PARTITION, runtime.Entry)
+    best = semicrf_dispatch.semi_crf_viterbi(*args)
+    assert torch.equal(best.scores, semicrf_dispatch.semi_crf_viterbi(*args).scores)
+    shifted = cum + 1  # the zero row forgotten: caught on a cached signature too
+    with pytest.raises(ValueError, match=r"cum_scores\[:, 0\] must be 0"):
+        semicrf_dispatch.semi_crf_streaming_forward(shifted, *args[1:])
