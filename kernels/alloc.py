@@ -33,8 +33,10 @@ def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> 
 
 
 def empty_like(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """:func:`empty` with the shape and device of ``x`` (and its dtype unless ``dtype`` is given)."""
-    return empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
+    """:func:`empty` with the shape and device of ``x`` (and its dtype unless ``dtype`` is given), contiguous."""
+    if dtype is not None or _POISON.get():
+        return empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)  # the fastest allocation: host time per call
 
 
 @contextlib.contextmanager

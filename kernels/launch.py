@@ -105,6 +105,10 @@ class Launcher:
     def __getitem__(self, grid: tuple) -> Any:
         return lambda *args, **meta: self.launch(grid, args, options(**meta))
 
+    def bind(self, grid: tuple, tail: tuple, opts: Options) -> "Bound":
+        """A :class:`Bound` launch on ``grid`` with the trailing runtime arguments ``tail`` and ``opts`` fixed."""
+        return Bound(self, grid, tail, opts)
+
     def launch(self, grid: tuple, args: tuple, opts: Options) -> None:
         """Launch on ``grid`` with the runtime arguments ``args`` and the constexprs and options ``opts``."""
         if not self.compiled:  # the Triton interpreter: kernel[grid] itself, its NumPy warnings kept from the caller
@@ -113,10 +117,10 @@ class Launcher:
             return
         try:  # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
             self._launch_compiled(grid, args, opts)
-        except Exception as exc:
+        except Exception:
             if interpreter_enabled():  # the kernels were built for a GPU driver before TRITON_INTERPRET was set
                 raise RuntimeError(LATE_INTERPRETER) from None
-            raise exc
+            raise
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
     def _launch_compiled(self, grid: tuple, args: tuple, opts: Options) -> None:
@@ -136,6 +140,45 @@ class Launcher:
                          None, *args, *constexprs)
         else:  # a profiler's launch hooks: the runner calls them
             compiled[grid](*args, *constexprs)
+
+
+class Bound:
+    """``bound(*tensors)`` launches as ``launcher.launch(grid, (*tensors, *tail), opts)`` does, for a call path that
+    launches the same kernel with the same grid, sizes and options again and again (a public call with a signature
+    seen before: :mod:`provable_kernels.runtime`). A compiled kernel is looked up by what still varies, the current
+    device and each tensor's 16-byte alignment, and launched directly; the first launch of such a key, launches
+    under profiler hooks and the interpreter go through :meth:`Launcher.launch` (where ``sentinel verify`` looks)."""
+
+    __slots__ = ("launcher", "grid", "grid3", "tail", "opts", "kernels")
+
+    def __init__(self, launcher: Launcher, grid: tuple, tail: tuple, opts: Options):
+        self.launcher, self.grid, self.tail, self.opts = launcher, grid, tail, opts
+        self.grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        self.kernels: dict = {}
+
+    def __call__(self, *tensors: Any) -> None:
+        if not self.launcher.compiled:
+            return self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)
+        return self._launch_compiled(tensors)
+
+    # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
+    def _launch_compiled(self, tensors: tuple) -> None:
+        launcher = self.launcher
+        try:
+            device = torch.cuda.current_device()
+        except RuntimeError:  # no CUDA driver (the interpreter set too late): the launcher says so
+            return launcher.launch(self.grid, (*tensors, *self.tail), self.opts)
+        key = device, tuple([t is None or t.data_ptr() % 16 == 0 for t in tensors])
+        found = self.kernels.get(key)
+        if found is None or _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
+            args = (*tensors, *self.tail)
+            launcher.launch(self.grid, args, self.opts)
+            self.kernels[key] = launcher.cache[_key(args, self.opts)]
+            return None
+        compiled, constexprs = found
+        compiled.run(*self.grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *tensors, *self.tail, *constexprs)
+        return None
 
 
 def _active(hook: Any) -> bool:

@@ -112,6 +112,33 @@ def test_relaunch_calls_the_compiled_launcher_directly_unless_hooked(monkeypatch
     assert compiled.launched[-1] == ((2, 1, 1), (8, 4))
 
 
+def test_a_bound_launch_relaunches_by_alignment_and_device_alone(monkeypatch):
+    """``Launcher.bind`` fixes the grid, the trailing arguments and the options: the first launch of a (device,
+    alignment) compiles through ``Launcher.launch``, later ones run the same compiled kernel with every parameter;
+    another alignment or device is another key; profiler hooks send it through the launcher again."""
+    device = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1000 + d, raising=False)
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(launch, "knobs", types.SimpleNamespace(runtime=hooks))
+    runner = compiled_launcher()
+    runner.names = ["x", "n", "CP"]
+    bound = runner.bind((3,), (7,), launch.options(CP=4))
+    aligned, other = torch.zeros(8), torch.ones(8)
+    bound(aligned)  # compiles
+    first, _ = runner.cache[(0, ((torch.float32, True), launch._spec(7)), launch.options(CP=4))]
+    bound(other)  # same key: run directly
+    assert len(first.ran) == 1 and first.ran[0][:4] == (3, 1, 1, 1000) and first.ran[0][-3:] == (other, 7, 4)
+    bound(aligned[1:])  # misaligned: another specialization
+    device[0] = 1
+    bound(aligned)  # another device
+    assert runner.kernel.compiles == [{"CP": 4}] * 3
+    hooks.launch_enter_hook = print  # a profiler's hook: the launcher's runner launches
+    device[0] = 0
+    bound(aligned)
+    assert len(first.ran) == 1 and first.launched == [((3, 1, 1), (aligned, 7, 4))]
+
+
 def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():
     calls = []
 
@@ -123,7 +150,8 @@ def test_launcher_is_one_per_kernel_and_delegates_under_the_interpreter():
     assert launch.launcher(kernel) is launch.launcher(kernel)
     launch.launcher(kernel)[(2,)](1, 2, FLAG=True)
     launch.launcher(kernel)[(2,)](1, 2, FLAG=True)
-    assert calls == [((2,), (1, 2), {"FLAG": True})] * 2  # not a JITFunction: every call goes through kernel[grid]
+    launch.launcher(kernel).bind((2,), (2,), launch.options(FLAG=True))(1)
+    assert calls == [((2,), (1, 2), {"FLAG": True})] * 3  # not a JITFunction: every call goes through kernel[grid]
 
 
 LATE_CALLS = {

@@ -112,3 +112,23 @@ def test_semicrf_entries_share_the_runtime_and_keep_their_post_processing():
     shifted = cum + 1  # the zero row forgotten: caught on a cached signature too
     with pytest.raises(ValueError, match=r"cum_scores\[:, 0\] must be 0"):
         semicrf_dispatch.semi_crf_streaming_forward(shifted, *args[1:])
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+def test_the_prepared_training_path_is_bitwise_the_custom_ops(entry, domain):
+    """One autograd function per signature whose backward reuses the forward's prepared launch: the same
+    outputs and gradients, bitwise, as the full path (the custom op and its registered autograd formula)."""
+    x = torch.randn(2, 3, 5, 5)
+    weight = torch.randn(2, 3, 5, 5)
+    results = []
+    for path in ("prepared", "prepared again", "full"):
+        leaf = x.clone().requires_grad_()
+        with recording() as taken:
+            if path == "full":
+                out = sinkhorn_dispatch.TREE.dispatch(sinkhorn_call(leaf, 6, domain))
+            else:
+                out = sinkhorn(leaf, 6, domain)
+        assert taken == [f"sinkhorn.triton.{domain}.train"]
+        results.append((out.detach(), torch.autograd.grad((out * weight).sum(), [leaf])[0]))
+    assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(results[0], r))
+    assert len(entry.cache) == 1

@@ -32,10 +32,41 @@ def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float):
     launch made once (:func:`triton_ops.prepare_forward`): the eager path of an inference call (no autograd, no
     custom-op dispatcher: :mod:`provable_kernels.runtime`)."""
     forward = triton_ops.prepare_forward(as_batch(x), iters, domain, eps)
+    if x.dim() == 3 and x.is_contiguous():  # (B, n, n) already: no views to make
+        return forward
 
     def forward_prepared(x: torch.Tensor) -> torch.Tensor:
         return forward(as_batch(x)).reshape(x.shape)
     return forward_prepared
+
+
+class _Prepared(torch.autograd.Function):
+    """The eager training path of one signature: ``forward(x)`` and ``backward(grad, x)`` prepared once
+    (:func:`prepare_train`); the same kernels on the same tensors as the custom op's autograd formula."""
+
+    @staticmethod
+    def forward(ctx, x, forward, backward):
+        ctx.save_for_backward(x)
+        ctx.backward = backward
+        return forward(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return ctx.backward(grad, x), None, None
+
+
+def prepare_train(x: torch.Tensor, iters: int, domain: str, eps: float):
+    """The forward op with its autograd formula for every ``x`` with this one's signature, as a function of ``x``:
+    one ``torch.autograd.Function`` whose backward reuses the plan the forward's signature made (both launches
+    prepared once). For plain eager calls (:mod:`provable_kernels.runtime`); compile, export and fake tensors take
+    the custom op."""
+    forward = prepare_forward(x, iters, domain, eps)
+    backward = triton_ops.prepare_backward(as_batch(x), iters, domain, eps)
+
+    def gradient(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return backward(as_batch(grad.to(x.dtype)), as_batch(x)).reshape(x.shape)
+    return lambda x: _Prepared.apply(x, forward, gradient)
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:

@@ -62,6 +62,13 @@ def prepare_triton_infer(call: SinkhornCall):
     return lambda call: forward(call.x)
 
 
+def prepare_triton_train(call: SinkhornCall):
+    """:func:`triton_train` for every call with ``call``'s signature: one autograd function, both launches made
+    once."""
+    train = autograd.prepare_train(call.x, call.iters, call.domain, call.eps)
+    return lambda call: train(call.x)
+
+
 def triton_train(call: SinkhornCall) -> torch.Tensor:
     """Fused Triton forward as a custom op whose backward is the hand-written Triton kernel: it replays the
     forward on chip from ``x`` and stores nothing per iteration."""
@@ -86,11 +93,11 @@ def torch_large(call: SinkhornCall) -> torch.Tensor:
     return torch_ops.sinkhorn(require_call(call))
 
 
-def _by_domain_and_grad(backend: str, infer, train, prepare_infer=None) -> Branch:
+def _by_domain_and_grad(backend: str, infer, train, prepare_infer=None, prepare_train=None) -> Branch:
     return Branch(DOMAIN, {
         domain: Branch(GRAD, {
             "infer": Route(f"sinkhorn.{backend}.{domain}.infer", infer, prepare_infer),
-            "train": Route(f"sinkhorn.{backend}.{domain}.train", train),
+            "train": Route(f"sinkhorn.{backend}.{domain}.train", train, prepare_train),
         })
         for domain in DOMAINS
     })
@@ -98,7 +105,8 @@ def _by_domain_and_grad(backend: str, infer, train, prepare_infer=None) -> Branc
 
 TREE = Tree("sinkhorn", Branch(BACKEND, {
     "triton": Branch(SIZE, {
-        "fits": _by_domain_and_grad("triton", triton_infer, triton_train, prepare_triton_infer),
+        "fits": _by_domain_and_grad("triton", triton_infer, triton_train, prepare_triton_infer,
+                                    prepare_triton_train),
         "too_large": Route("sinkhorn.torch.large", torch_large),
     }),
     "torch": _by_domain_and_grad("torch", torch_infer, torch_train),

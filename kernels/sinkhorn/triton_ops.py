@@ -88,9 +88,10 @@ class Launch:
     """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, device, dtype, iters, domain,
     eps)(*tensors)`` launches the log or prob kernel of the pair ``kernels`` (forward or backward) on ``tensors``
     (its leading arguments: ``x, out`` or ``x, grad, gx``). The plan, options and launcher are made once, so that a
-    public call with a signature seen before only allocates and launches (:mod:`provable_kernels.runtime`)."""
+    public call with a signature seen before only allocates and launches (:mod:`provable_kernels.runtime`,
+    :class:`provable_kernels.launch.Bound`)."""
 
-    __slots__ = ("launcher", "grid", "tail", "opts")
+    __slots__ = ("bound",)
 
     def __init__(self, kernels_pair: tuple, B: int, n: int, device: torch.device, dtype: torch.dtype, iters: int,
                  domain: str, eps: float):
@@ -103,18 +104,15 @@ class Launch:
             stride = _stride(iters, p.NB)
             common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
             steps = (iters, stride)
-        self.grid = (p.grid,)
         if domain == "log":
-            self.launcher = launch.launcher(log_kernel)
-            self.opts = launch.options(RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
-            self.tail = (B, *steps)
+            opts = launch.options(RMAX=RMAX[torch.float64 if f64 else torch.float32], **common)
+            self.bound = launch.launcher(log_kernel).bind((p.grid,), (B, *steps), opts)
         else:
-            self.launcher = launch.launcher(prob_kernel)
-            self.opts = launch.options(**common)
-            self.tail = (B, *steps, *launch.float_halves(eps))
+            tail = (B, *steps, *launch.float_halves(eps))
+            self.bound = launch.launcher(prob_kernel).bind((p.grid,), tail, launch.options(**common))
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)
+        self.bound(*tensors)
 
 
 FORWARD = (kernels.log_forward_kernel, kernels.prob_forward_kernel)
@@ -142,6 +140,21 @@ def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> Cal
             run(x, out)
         return out
     return forward_prepared
+
+
+def prepare_backward(x: torch.Tensor, iters: int, domain: str,
+                     eps: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:func:`backward` for every ``(grad, x)`` with this ``x``'s signature (``grad`` contiguous like it), as a
+    function of ``(grad, x)``, its launch made once."""
+    B, n = _checked(x)
+    run = Launch(BACKWARD, B, n, x.device, x.dtype, iters, domain, eps) if B else None
+
+    def backward_prepared(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        gx = alloc.empty_like(x)
+        if run is not None:
+            run(x, grad, gx)
+        return gx
+    return backward_prepared
 
 
 def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
