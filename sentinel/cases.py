@@ -13,6 +13,8 @@
 - :func:`route_property` (a relation between a route's case and outputs on random examples) and
   :func:`agreement_property` (a route's outputs equal an independent computation: an oracle, a sibling route, a
   special case with a closed form): ready-made :class:`~kernel_sentinel.family.Property` objects.
+- :func:`batch_along`: a :class:`~kernel_sentinel.family.BatchItems` (what an item of a batch is, for the
+  ``batch`` check) for items along a dimension of named tensors.
 - :func:`standard_bad_inputs`: the :class:`~kernel_sentinel.family.BadInput` list every tensor argument gets
   (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected);
   :func:`bad_input` declares one more.
@@ -22,13 +24,14 @@ Only tensors whose ``dtype`` is floating point are converted to float64 or diffe
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from kernel_sentinel.checks import expect_close, run_route
-from kernel_sentinel.family import Adversarial, BadInput, Case, Outputs, Property, Tolerance
+from kernel_sentinel.family import Adversarial, BadInput, BatchItems, Case, Outputs, Property, Tolerance
 
 FINITE_DIFFERENCE_STEP = 1e-5
 FINITE_DIFFERENCE_TOLERANCE = Tolerance(atol=1e-7, rtol=1e-6)  # central differences, h = 1e-5, in float64
@@ -284,3 +287,56 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, othe
         return BadInput(name, what, routes, make)
 
     return tuple(bad(*item) for item in made)
+
+
+# ------------------------------------------------------------------------------------------- batch items
+
+
+def _each(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``fn(x)`` for a tensor, ``fn`` of each member for a tuple of tensors, None for None."""
+    if x is None:
+        return None
+    return tuple(fn(m) for m in x) if isinstance(x, tuple) else fn(x)
+
+
+def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, int],
+                summed: tuple[str, ...] = ()) -> BatchItems:
+    """:class:`~kernel_sentinel.family.BatchItems` for items along a dimension: ``dims[name]`` is the item
+    dimension of the argument, upstream weight or output ``name`` (a tuple of tensors, e.g. a pair of edges, is
+    split member by member; None stays None). Arguments not in ``dims`` are shared: a joined case takes them from
+    its base. A case holds as many items as the item dimension of its first argument in ``dims``; ``summed``
+    names the outputs summed over the items."""
+    if not dims:
+        raise ValueError("dims must name at least one argument")
+
+    def count(case: Case) -> int:
+        name, x = next((n, x) for n, x in case.kwargs.items() if n in dims and x is not None)
+        return (x[0] if isinstance(x, tuple) else x).shape[dims[name]]
+
+    def take(named: Mapping[str, Any], i: int) -> dict[str, Any]:
+        return {n: _each(x, lambda t, d=dims[n]: t.narrow(d, i, 1)) for n, x in named.items() if n in dims}
+
+    def split(case: Case) -> list[Case]:
+        return [dataclasses.replace(case, kwargs={**case.kwargs, **take(case.kwargs, i)},
+                                    upstream={**case.upstream, **take(case.upstream, i)},
+                                    description=f"{case.description}; item {i}") for i in range(count(case))]
+
+    def joined(cases: Sequence[Case], part: str) -> dict[str, Any]:
+        first = getattr(cases[0], part)
+        out = {}
+        for n, x in first.items():
+            if n in dims and x is not None:
+                members = [getattr(c, part)[n] for c in cases]
+                out[n] = (tuple(torch.cat(m, dims[n]) for m in zip(*members)) if isinstance(x, tuple)
+                          else torch.cat(members, dims[n]))
+        return out
+
+    def join(base: Case, items: Sequence[Case]) -> Case:
+        return dataclasses.replace(base, kwargs={**base.kwargs, **joined(items, "kwargs")},
+                                   upstream={**base.upstream, **joined(items, "upstream")},
+                                   description=f"{base.description}; {len(items)} items joined")
+
+    def outputs(case: Case, got: Outputs) -> list[Outputs]:
+        return [take(got, i) for i in range(count(case))]
+
+    return BatchItems(what, routes, split, join, outputs, summed)

@@ -25,6 +25,8 @@ Executable part (run by :mod:`kernel_sentinel.verify`, once per route and per dt
 - ``properties``: hypothesis properties; ``adversarial``: guard inputs; ``bad_inputs``: one wrong argument each.
 - ``dtypes``: the input dtypes the family supports, each verified; ``tolerances``: allowed error per dtype.
 
+``batch_items``: what an item of a batch is, per group of routes (:class:`BatchItems`), for the ``batch`` check.
+
 Exceptions to the generic checks (:mod:`kernel_sentinel.generic`), declared where the contract needs them:
 ``aliasing`` (an output that may share storage with an argument) and ``rejected_layouts`` (a view an argument
 may not be passed as). Site and verify output: ``failure_modes`` (symptom -> pages to read and the check that
@@ -206,6 +208,26 @@ class LayoutRejection:
     why: str
 
 
+@dataclass(frozen=True)
+class BatchItems:
+    """What an item of a batch is on the routes matching ``routes`` (``what``: "a sequence", "a matrix", "a
+    segment"), for the ``batch`` check (:mod:`kernel_sentinel.invariance`).
+
+    ``split(case)`` returns the case's items, each a case holding that item alone (its upstream weights too);
+    ``join(base, items)`` one case holding ``items`` in order, every argument that is not per item (shared
+    parameters, options) taken from ``base``; ``outputs(case, outputs)`` the outputs of a joined case split into
+    each item's outputs, by the names ``Family.run`` returns. ``summed`` names the outputs that are sums over the
+    items (gradients of shared parameters), not per item. :func:`kernel_sentinel.cases.batch_along` builds one for
+    items along a dimension of named tensors."""
+
+    what: str
+    routes: tuple[str, ...]
+    split: Callable[[Case], Sequence[Case]]
+    join: Callable[[Case, Sequence[Case]], Case]
+    outputs: Callable[[Case, Outputs], Sequence[Outputs]]
+    summed: tuple[str, ...] = ()
+
+
 SYMPTOMS = ("NaN in the loss", "NaN in the backward", "wrong gradients", "out of memory", "backend mismatch",
             "wrong route taken")
 
@@ -269,6 +291,7 @@ class Family:
     rejected_layouts: Sequence[LayoutRejection] = ()
     failure_modes: Sequence[FailureMode] = ()
     more_trees: Sequence[Tree] = ()
+    batch_items: Sequence[BatchItems] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]

@@ -1,7 +1,7 @@
 """``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
 
 For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
-selects some), eleven checks run and are reported separately, one row per route and dtype:
+selects some), thirteen checks run and are reported separately, one row per route and dtype:
 
 - ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
   route id (a mis-dispatched or unreachable route fails; nothing is skipped).
@@ -19,6 +19,13 @@ asserts) is tested by the host-sync policy tests.
 - the generic checks of :mod:`kernel_sentinel.generic`, from sentinel alone: ``inputs`` (arguments unchanged,
   forward and backward), ``aliasing``, ``written`` (poisoned allocations change nothing), ``determinism``,
   ``layouts`` (non-contiguous views); at the ``small`` size, ``layouts`` at ``tiny``.
+- ``observed`` (:mod:`kernel_sentinel.observed`, at the ``small`` size): the route runs again once per Triton
+  kernel it launches, with that kernel's launches replaced by a no-op and allocations poisoned, and each such run
+  must fail the route's checks (raise, or miss the float64 reference): every kernel's output is seen. A PyTorch
+  route passes as not applicable.
+- ``batch`` (:mod:`kernel_sentinel.invariance`, at the ``tiny`` size): an item (``Family.batch_items``: a
+  sequence, a matrix, a segment) gives bitwise the same outputs and gradients alone and first, middle and last in
+  a batch with other random items.
 
 ``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
 (:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's
@@ -65,9 +72,11 @@ from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
 from kernel_sentinel.family import REPO_ROOT, Adversarial, Case, Family, Outputs, Property, matches
 from kernel_sentinel.generic import GENERIC_CHECKS, Probe
+from kernel_sentinel.invariance import batch_invariance
+from kernel_sentinel.observed import observe
 from kernel_sentinel.records import CheckResult, RouteResult
 
-CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS
+CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS + ("observed", "batch")
 GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
 AUTO_JOBS, AUTO_MIN_UNITS = 8, 24  # --jobs auto: at most this many processes, from this many units of work
@@ -333,6 +342,18 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
     return check
 
 
+def check_observed(run: RouteRun, repro: str) -> CheckResult:
+    size = run.options.size("small")
+    verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed)
+    return _summarized("observed", verdict.problems, verdict.summary, (), repro)
+
+
+def check_batch(run: RouteRun, repro: str) -> CheckResult:
+    verdict = batch_invariance(run.family, run.route_id, dtype=run.dtype, device=run.options.device,
+                               seed=run.options.seed)
+    return _summarized("batch", verdict.problems, verdict.summary, (), repro)
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     "route": check_route,
     "reference": check_reference,
@@ -341,6 +362,8 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     "guards": check_guards,
     "bad_input": check_bad_input,
     **{name: generic_check(name) for name in GENERIC_CHECKS},
+    "observed": check_observed,
+    "batch": check_batch,
 }
 
 

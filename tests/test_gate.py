@@ -81,6 +81,7 @@ from hypothesis import strategies as st
 
 import provable_kernels.TOY as package
 from provable_kernels.TOY.dispatch import TREE, row_sum
+from kernel_sentinel.cases import batch_along
 from kernel_sentinel.checks import expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance
 
@@ -119,6 +120,7 @@ FAMILY = Family(
     properties=(Property("sum of ones is the row length", ("TOY.*",), lambda: st.integers(1, 4), check_ones),),
     adversarial=(Adversarial("huge values", ("TOY.*",), lambda c: c.with_kwargs("x * 1e30", x=c.kwargs["x"] * 1e30)),),
     bad_inputs=(BadInput("x", "1-D", ("TOY.*",), lambda c: c.with_kwargs("x 1-D", x=c.kwargs["x"][0])),),
+    batch_items=(batch_along("a row", ("TOY.*",), {"x": 0, "value": 0}),),
 )
 ''',
 }

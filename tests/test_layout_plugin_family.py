@@ -98,6 +98,7 @@ FAMILY = Family(
                              allow_inf=("value",))),
     bad_inputs=cases.standard_bad_inputs(("plugfam.*",), ("x",), rejects_nan=("x",), rejects_inf=("x",)),
     invariants=(Invariant("Row sums equal a Python loop.", "tests/test_plugfam.py::test_row_sums"),),
+    batch_items=(cases.batch_along("a row", ("plugfam.*",), {"x": 0, "value": 0, "grad_x": 0}),),
 )
 '''
 

@@ -24,6 +24,7 @@ SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
+NEW_CHECKS = ("observed", "batch")  # after the generic checks: kernel observed (n/a for the toy), batch invariance
 
 
 def statuses(result) -> dict[str, str]:
@@ -45,7 +46,8 @@ def test_planted_bug_fails_reference_exact_and_properties_with_minimal_example(t
     family = toy_family()
     result = verify_route(family, "toy.fast", CPU)
     assert statuses(result) == {"route": "pass", "reference": "fail", "exact": "fail", "properties": "fail",
-                                "guards": "pass", "bad_input": "pass", **dict.fromkeys(GENERIC_CHECKS, "pass")}
+                                "guards": "pass", "bad_input": "pass",
+                                **dict.fromkeys(GENERIC_CHECKS + NEW_CHECKS, "pass")}
     x = family.make_case("toy.fast", size="small", dtype=torch.float32, device=CPU.device, seed=0).kwargs["x"]
     assert result.check("reference").max_abs == pytest.approx(1e-3 * float(x[:, 0].abs().max()), rel=1e-3)
     prop = result.check("properties")
@@ -72,14 +74,15 @@ def test_unreachable_route_fails_instead_of_skipping(toy_family):
     result = verify_route(toy_family(make_case=unreachable), "toy.slow", CPU)
     assert not result.passed
     assert [c.name for c in result.checks if not c.passed] == ["route", "reference", "exact", "guards", "bad_input",
-                                                               *GENERIC_CHECKS]
+                                                               *GENERIC_CHECKS, *NEW_CHECKS]
     assert "cannot build inputs for toy.slow" in result.check("route").detail
 
 
 def test_nothing_declared_is_a_failure(toy_family):
     result = verify_route(toy_family(oracles=(), properties=(), adversarial=(), bad_inputs=()), "toy.slow", CPU)
     assert statuses(result) == {"route": "pass", "reference": "pass", "exact": "fail", "properties": "fail",
-                                "guards": "fail", "bad_input": "fail", **dict.fromkeys(GENERIC_CHECKS, "pass")}
+                                "guards": "fail", "bad_input": "fail",
+                                **dict.fromkeys(GENERIC_CHECKS + NEW_CHECKS, "pass")}
 
 
 def test_guard_catches_undeclared_infinity_and_errors(toy_family):

@@ -22,7 +22,7 @@ from provable_kernels.segment.triton_segment import segment_chunk_kernel, segmen
 from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Guard, Invariant, Oracle, Outputs, Property
-from kernel_sentinel.family import FailureMode, Tolerance
+from kernel_sentinel.family import BatchItems, FailureMode, Tolerance
 
 ENTRIES = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward)}
 ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
@@ -130,6 +130,66 @@ def run(case: Case) -> Outputs:
     if case.entry in ADJOINTS.values():
         return {"grad_x": result}
     return cases.outputs_and_gradients({"value": result}, case)
+
+
+# --------------------------------------------------------------------------------------------- batch items
+
+PER_SEGMENT = ("grad_output", "value")  # arguments, upstream weights and outputs with one row per segment
+
+
+def _bounds(case: Case) -> list[int]:
+    """The case's CSR offsets as Python ints (counted from ``ids`` in the ids form)."""
+    kw = case.kwargs
+    if kw.get("offsets") is not None:
+        return kw["offsets"].tolist()
+    S = kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
+    return oracle.offsets_from_ids(kw["ids"].cpu(), S)
+
+
+def _indexed(kwargs: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
+    """``kwargs`` with the index (offsets, or ids and num_segments, in the form, dtype and device it has) of
+    segments of ``lengths`` rows."""
+    counts = torch.tensor(lengths, dtype=torch.int64)
+    if kwargs.get("offsets") is not None:
+        like = kwargs["offsets"]
+        return {**kwargs, "offsets": torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(like.device, like.dtype)}
+    like = kwargs["ids"]
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), counts).to(like.device, like.dtype)
+    return {**kwargs, "ids": ids, **({"num_segments": len(lengths)} if "num_segments" in kwargs else {})}
+
+
+def split_segments(case: Case) -> list[Case]:
+    """One case per segment: its rows of ``x``, its row of the per-segment tensors, an index of one segment."""
+    bounds = _bounds(case)
+    items = []
+    for s, (start, stop) in enumerate(zip(bounds, bounds[1:])):
+        kwargs = {**case.kwargs, "x": case.kwargs["x"][start:stop],
+                  **{n: case.kwargs[n][s:s + 1] for n in PER_SEGMENT if n in case.kwargs}}
+        items.append(replace(case, kwargs=_indexed(kwargs, [stop - start]), description=f"{case.description}; "
+                             f"segment {s}", upstream={n: w[s:s + 1] for n, w in case.upstream.items()}))
+    return items
+
+
+def join_segments(base: Case, items: list[Case]) -> Case:
+    """The segments of ``items`` in order, the other arguments from ``base``."""
+    def cat(name: str, part: str = "kwargs") -> torch.Tensor:
+        return torch.cat([getattr(item, part)[name] for item in items])
+
+    kwargs = {**base.kwargs, "x": cat("x"), **{n: cat(n) for n in PER_SEGMENT if n in base.kwargs}}
+    return replace(base, kwargs=_indexed(kwargs, [item.kwargs["x"].shape[0] for item in items]),
+                   upstream={n: cat(n, "upstream") for n in base.upstream},
+                   description=f"{base.description}; {len(items)} segments joined")
+
+
+def segment_outputs(case: Case, got: Outputs) -> list[Outputs]:
+    """Each segment's row of ``value`` and rows of ``grad_x``."""
+    bounds = _bounds(case)
+    return [{**({"value": got["value"][s:s + 1]} if "value" in got else {}),
+             **({"grad_x": got["grad_x"][start:stop]} if "grad_x" in got else {})}
+            for s, (start, stop) in enumerate(zip(bounds, bounds[1:]))]
+
+
+BATCH_ITEMS = (BatchItems("a segment", ("segment.*",), split_segments, join_segments, segment_outputs),)
 
 
 # ---------------------------------------------------------------------------------------------- references
@@ -556,6 +616,7 @@ FAMILY = Family(
               "exactly one row per (segment, column).", torch_ops.first_arg),
     ),
     failure_modes=FAILURE_MODES,
+    batch_items=BATCH_ITEMS,
     known_issues=(
         "Peer issue (torch.segment_reduce): its max / min backward splits a tied gradient among the tied rows only "
         "when the upstream gradient is positive; with a negative upstream gradient every tied row receives the full "

@@ -96,6 +96,7 @@ FAMILY = Family(
     properties=family_streaming.PROPERTIES + family_head.PROPERTIES + family_exact.PROPERTIES,
     adversarial=family_streaming.ADVERSARIAL + family_head.ADVERSARIAL + family_exact.ADVERSARIAL,
     bad_inputs=family_streaming.BAD_INPUTS + family_head.BAD_INPUTS + family_exact.BAD_INPUTS, invariants=INVARIANTS,
+    batch_items=family_streaming.BATCH_ITEMS + family_head.BATCH_ITEMS + family_exact.BATCH_ITEMS,
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside "
               "1..T, K < 1, NaN/+inf scores raise ValueError/TypeError naming the argument.", make_call),

@@ -89,6 +89,11 @@ def make_case_for(route_id: str, shape: EdgeShape, dtype: torch.dtype, device: t
     return Case(route_id, entry, kwargs, text, {}, {"shape": shape, "parameters": params, "dtype": dtype})
 
 
+BATCH_ITEMS = tuple(cases.batch_along("a sequence", routes,
+                                      {"edge": 0, "lengths": 0, "marginals": 0, "value": value_dim})
+                    for routes, value_dim in ((("semicrf.exact.kmax",), 1), (ROUTES, 0)))  # kmax: value (k, B)
+
+
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed), dtype, device)
 

@@ -122,6 +122,12 @@ def make_case_for(route_id: str, shape: HeadShape, dtype: torch.dtype, device: t
     return Case(route_id, METHODS[method], kwargs, f"head {shape} {name} on {device}", upstream, {"shape": shape})
 
 
+_PER_SEQUENCE = ("hidden", "lengths", "labels", "starts", "value", "grad_hidden", "score")
+BATCH_ITEMS = tuple(cases.batch_along("a sequence", routes, {**dict.fromkeys(_PER_SEQUENCE, 0), "value": value_dim},
+                                      summed=tuple(f"grad_{name}" for name in PARAMETERS))
+                    for routes, value_dim in ((("semicrf.head.exact.kmax",), 1), (ROUTES, 0)))  # kmax: (k, B)
+
+
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     return make_case_for(route_id, dataclasses.replace(SIZES[size], seed=seed), dtype, device)
 

@@ -90,6 +90,12 @@ def make_case_for(route_id: str, shape: CaseShape, device: torch.device, dtype: 
                 f"{shape} {str(dtype).replace('torch.', '')} on {device}", upstream, {"shape": shape})
 
 
+BATCH_ITEMS = (cases.batch_along(
+    "a sequence", STREAMING, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value",
+                                            "grad_cum_scores", "grad_proj_start", "grad_proj_end", "score", "labels",
+                                            "starts"), 0), summed=("grad_transition", "grad_duration_bias")),)
+
+
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     """The route's case of ``size``; the small case of a training route has a 3-D transition (2-D otherwise)."""
     train = size == "small" and TREE.path_to(route_id).get("grad") == "train"

@@ -8,6 +8,7 @@ Outputs of a route, by name: ``out`` (the matrices, shaped like ``x``) and, for 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,18 @@ def make_case_for(route_id: str, shape: Shape, dtype: torch.dtype, device: torch
     upstream = {"out": torch.randn(size, generator=gen, dtype=torch.float64).to(device, dtype)} if train else {}
     description = f"{entry} x{tuple(size)} iters={shape.iters} {str(dtype).replace('torch.', '')} on {device}"
     return Case(route_id, entry, kwargs, description, upstream, {"shape": shape})
+
+
+def _matrices(case: Case) -> Case:
+    """``case`` with ``x`` and its upstream weights as (B, n, n): the leading dims flattened."""
+    flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
+    x = case.kwargs["x"]
+    return dataclasses.replace(case, kwargs={**case.kwargs, "x": flat(x.detach()).requires_grad_(x.requires_grad)},
+                               upstream={n: flat(w) for n, w in case.upstream.items()})
+
+
+_ALONG = cases.batch_along("a matrix", ("sinkhorn.*",), {"x": 0, "out": 0, "grad_x": 0})
+BATCH_ITEMS = (dataclasses.replace(_ALONG, split=lambda case: _ALONG.split(_matrices(case))),)
 
 
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
@@ -382,6 +395,7 @@ FAMILY = Family(
         Guard("The PyTorch loop uses the same flagged form for clamped entries.", torch_ops._norm),
     ),
     failure_modes=FAILURE_MODES,
+    batch_items=BATCH_ITEMS,
     known_issues=(
         KnownIssue("Log domain: a row whose largest logit lay within ~100 of the -1e5 clamp, next to entries below "
                    "it, came out wrong on both backends (flagged entries weighed zero): [-1e5, -2e5, -2e5] gave "

@@ -1,0 +1,169 @@
+"""The ``observed`` check: the route's checks see every Triton kernel it launches.
+
+Every Triton launch of the library goes through :meth:`provable_kernels.launch.Launcher.launch`. The check runs
+the route's case once with that method recording which kernels launch (:func:`kernel_launches`), then, for each
+kernel launched, runs the case again with every launch of that kernel replaced by a no-op, under
+:func:`provable_kernels.alloc.poisoned` (what the kernel should have written keeps NaN /
+:data:`provable_kernels.alloc.POISON_INT`). That run must fail the route's checks: raise (the ``route`` check
+fails), crash, or give outputs that the float64 reference comparison rejects (a NaN counts as an infinite error).
+A kernel whose removal the reference comparison does not notice fails the check: the route's checks would pass
+without it, so they do not prove it right.
+
+Each kernel-less run happens in a child process (forked on the CPU, spawned on a GPU): a later kernel that reads
+the missing kernel's poisoned indices may read or write any address (the interpreter reads raw memory; a GPU
+context would be lost), and none of that may touch the verifying process. A run still going after
+:data:`TIME_LIMIT` seconds (e.g. a loop bounded by a poisoned count) is killed and counts as noticed: the
+verification would not finish.
+
+What it cannot see: kernels the case does not launch (a kernel that runs only on other inputs, e.g. segment's
+combine pass for segments within one chunk, is observed only on the routes whose case launches it), and each
+kernel is removed as a whole (all its launches), not launch by launch. A route that launches no Triton kernel
+(a PyTorch route) passes with "not applicable".
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import multiprocessing
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from provable_kernels import alloc
+from provable_kernels.launch import Launcher
+from kernel_sentinel.checks import compare_outputs, run_route
+from kernel_sentinel.family import Case, Family, Tolerance
+from kernel_sentinel.generic import Verdict, fresh_case
+
+TIME_LIMIT = 300.0  # seconds a kernel-less run may take
+
+
+def kernel_name(kernel: Any) -> str:
+    """The name of a ``@triton.jit`` function (interpreted or compiled: both wrap the Python function as ``fn``)."""
+    return getattr(kernel, "fn", kernel).__name__
+
+
+@contextlib.contextmanager
+def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
+    """Record the name of every kernel launched inside the block, one entry per launch in launch order; launches
+    of the kernel named ``removed`` do nothing (its outputs stay as allocated)."""
+    if removed is not None and not isinstance(removed, str):
+        raise TypeError(f"removed must be a kernel name (str) or None, got {type(removed).__name__}")
+    original = Launcher.launch
+    launched: list[str] = []
+
+    def launch(self: Launcher, grid: tuple, args: tuple, opts: Any) -> None:
+        name = kernel_name(self.kernel)
+        launched.append(name)
+        if name != removed:
+            original(self, grid, args, opts)
+
+    Launcher.launch = launch
+    try:
+        yield launched
+    finally:
+        Launcher.launch = original
+
+
+def launched_kernels(family: Family, case: Case) -> list[str]:
+    """The kernels one run of ``case`` launches, each once, in the order of their first launch."""
+    with kernel_launches() as launched:
+        run_route(family.run, fresh_case(case))
+    return list(dict.fromkeys(launched))
+
+
+def kernelless_run(family: Family, case: Case, want: Any, tolerance: Tolerance, kernel: str) -> tuple[bool, str]:
+    """Run ``case`` with ``kernel`` removed and allocations poisoned: ``(noticed, how)``; ``want`` is the float64
+    reference of ``case``."""
+    try:
+        with alloc.poisoned(), kernel_launches(removed=kernel):
+            got = run_route(family.run, fresh_case(case))
+    except Exception as exc:
+        return True, f"raised {type(exc).__name__}: {str(exc)[:160]}"
+    failing = [m for m in compare_outputs(got, want, tolerance, "float64 reference") if not m.ok]
+    if failing:
+        names = ", ".join(m.label.removeprefix("float64 reference: ") for m in failing)
+        return True, f"reference comparison fails ({names})"
+    return False, "outputs still match the float64 reference"
+
+
+def _spawned_run(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
+                 kernel: str) -> tuple[bool, str]:
+    """:func:`kernelless_run` in a spawned process: the family, case and reference rebuilt from their names."""
+    from kernel_sentinel import device as devices
+    from kernel_sentinel import registry
+
+    devices.prepare(device)
+    family = registry.family(family_name)
+    case = family.make_case(route_id, size=size, dtype=getattr(torch, dtype), device=torch.device(device),
+                            seed=seed)
+    tolerance = family.tolerance(getattr(torch, dtype))
+    return kernelless_run(family, case, family.reference(case), tolerance, kernel)
+
+
+def _child(conn: Any, job: Callable[[], tuple[bool, str]]) -> None:
+    faulthandler.disable()  # a crash's stack dump is not the verifier's output (the exit code is reported)
+    try:
+        conn.send(job())
+    except BaseException as exc:  # what the job could not handle: the kernel-less run failed
+        conn.send((True, f"raised {type(exc).__name__}: {str(exc)[:160]}"))
+    conn.close()
+
+
+def in_child(job: Callable[[], tuple[bool, str]], context: str, limit: float = TIME_LIMIT) -> tuple[bool, str]:
+    """``job()`` in a child process of the multiprocessing ``context`` (``fork``: ``job`` may be any callable;
+    ``spawn``: a picklable one). A child that dies or runs past ``limit`` seconds counts as noticed."""
+    ctx = multiprocessing.get_context(context)
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(send, job), daemon=True)
+    start = time.perf_counter()
+    process.start()
+    send.close()
+    try:
+        if receive.poll(limit):
+            return receive.recv()
+        if process.is_alive():
+            return True, f"ran past {limit:.0f} s (killed)"
+    except EOFError:  # the child died before it sent anything
+        pass
+    finally:
+        if process.is_alive() and time.perf_counter() - start >= limit:
+            process.kill()
+        process.join()
+        receive.close()
+    return True, f"the process died (exit code {process.exitcode})"
+
+
+def observe(family: Family, case: Case, *, size: str, dtype: torch.dtype, seed: int) -> Verdict:
+    """The ``observed`` verdict of ``case``, the route's case of ``size`` at ``dtype`` built with ``seed``: every
+    kernel it launches must be noticed when removed (module docstring)."""
+    if not isinstance(case, Case):
+        raise TypeError(f"case must be a Case, got {type(case).__name__}")
+    kernels = launched_kernels(family, case)
+    if not kernels:
+        return Verdict((), "not applicable: the route launches no Triton kernel (a PyTorch route)")
+    want, tolerance, device = family.reference(case), family.tolerance(dtype), _device(case)
+    problems, noticed = [], []
+    for kernel in kernels:
+        if device.type == "cpu":
+            job = functools.partial(kernelless_run, family, case, want, tolerance, kernel)
+            seen, how = in_child(job, "fork")
+        else:
+            job = functools.partial(_spawned_run, family.name, case.route_id, size,
+                                    str(dtype).removeprefix("torch."), device.type, seed, kernel)
+            seen, how = in_child(job, "spawn")
+        if seen:
+            noticed.append(f"{kernel}: {how}")
+        else:
+            problems.append(f"without {kernel} the route's checks still pass: {how} (the checks do not see it)")
+    summary = (f"{len(noticed)}/{len(kernels)} kernels noticed when removed (launches replaced by a no-op, "
+               f"allocations poisoned)" + (f": {'; '.join(noticed)}" if noticed else ""))
+    return Verdict(tuple(problems), summary)
+
+
+def _device(case: Case) -> torch.device:
+    """The device of the case's tensor arguments (the CPU when it has none)."""
+    tensors = [x for x in case.kwargs.values() if isinstance(x, torch.Tensor)]
+    return tensors[0].device if tensors else torch.device("cpu")
