@@ -16,8 +16,11 @@ Definitions (every ratio is computed here, at analysis time, from the medians in
   per configuration and phase (> 1: ours is faster).
 - Summary: per implementation and phase, how many configurations ran and how (statuses), the geometric mean of
   ``time_ratio``, the median and best floor fraction, the largest peak memory.
+- Floor sanity: a row whose median is below its hardware floor is ``invalid`` (``runner.flag_below_floor``, applied
+  when the CSV is read, so results written before the rule are flagged too): it enters no ratio, speedup or plot,
+  and ``invalid_rows.csv`` lists it with the reason.
 
-Outputs: summary_stats.csv, baseline_ratios.csv, backward_forward_ratios.csv, <variant>_overhead.csv,
+Outputs: summary_stats.csv, invalid_rows.csv, baseline_ratios.csv, backward_forward_ratios.csv, <variant>_overhead.csv,
 crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per configuration and phase; time and
 floor bytes/s, with the copy-bandwidth floor, against each plot axis; throughput and memory per unit of size
 against the first; backward/forward ratios; ratio heatmaps per phase; variant overhead).
@@ -38,7 +41,7 @@ from typing import Optional, Sequence
 
 from benchmarks import adapters
 from benchmarks.common import write_csv
-from benchmarks.runner import finite, read_rows
+from benchmarks.runner import finite, read_results
 
 PHASES = adapters.PHASES
 
@@ -149,7 +152,7 @@ def summary(rows: list[dict], ratios: list[dict]) -> list[dict]:
             fractions = [f for f in (finite(r["floor_fraction"]) for r in mine if r["status"] == "ok") if f]
             peaks = [p for p in (finite(r["peak_mb"]) for r in mine if r["status"] == "ok") if p is not None]
             out.append({"impl": impl, "phase": phase, "configs": len(mine),
-                        **{k: kinds.count(k) for k in ("ok", "oom", "skipped", "error")},
+                        **{k: kinds.count(k) for k in ("ok", "oom", "skipped", "error", "invalid")},
                         "geomean_time_ratio": geomean([x["time_ratio"] for x in ratios
                                                        if x["impl"] == impl and x["phase"] == phase]),
                         "floor_fraction_median": statistics.median(fractions) if fractions else None,
@@ -215,7 +218,7 @@ def short_labels(values: list[tuple], names: Sequence[str]) -> tuple[dict[tuple,
 def _family_adapter(rows: list[dict]) -> Optional[adapters.Adapter]:
     families = {r.get("family") for r in rows}
     family = families.pop() if len(families) == 1 else None
-    return adapters.load(family) if family in adapters.FAMILIES else None
+    return adapters.load(family) if family in adapters.families() else None
 
 
 def line_figure(rows: list[dict], x: str, y, ylabel: str, title: str, xlabel: str,
@@ -480,7 +483,7 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     """Write the tables and (unless not ``plots``) plots of ``csv_path`` (its family from the ``family`` column;
     the copy bandwidth from ``benchmark_full.json`` beside it when present) into ``out_dir``; returns the files
     written."""
-    rows = read_rows(Path(csv_path))
+    rows = read_results(Path(csv_path))
     if not rows:
         raise ValueError(f"{csv_path}: no rows")
     families = {r["family"] for r in rows}
@@ -499,6 +502,8 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
     ratios = baseline_ratios(rows, baseline)
     tables = {
         "summary_stats.csv": summary(rows, ratios),
+        "invalid_rows.csv": [{k: r[k] for k in ("config", "impl", "phase", "time_ms", "floor_ms", "floor_kind",
+                                                 "status")} for r in rows if r["status"].startswith("invalid")],
         "baseline_ratios.csv": ratios,
         "backward_forward_ratios.csv": backward_forward(rows),
         f"{adapter.variant_axis}_overhead.csv": variant_overhead(rows, adapter),

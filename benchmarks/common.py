@@ -1,13 +1,15 @@
 """Shared benchmark machinery: timing, peak memory, hardware floors, a wall-clock guard, errors, reports.
 
-Used by the runner of every family (``python -m benchmarks``) and by ``benchmarks/semicrf.py``. Conventions:
+Used by every phase of the suite (``python -m benchmarks``). Conventions:
 
 - Times are medians in seconds. On CUDA each timed call is bracketed by CUDA events after warm-up, and the L2
   cache is flushed (a 256 MiB buffer is zeroed) before every timed call, as ``triton.testing.do_bench`` does,
   so inputs that fit in L2 are never timed hot. On CPU, ``time.perf_counter`` (for testing the machinery).
 - Peak memory is the ``torch.cuda.max_memory_allocated`` delta around the first timed call (None on CPU).
 - A failure never disappears: every measurement carries a ``status`` (``ok``, ``oom``, ``error: ...``,
-  ``skipped: ...``) that reports print and write.
+  ``skipped: ...``, ``invalid: ...`` for a time below the hardware floor) that reports print and write.
+- Results keep the latest run per family and device: ``results/<family>/<device slug>/`` (``run_dir``); a new run
+  replaces the folder's files, and history lives in git.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import hashlib
 import json
 import math
 import platform
+import re
 import statistics
 import time
 import warnings
@@ -29,6 +32,7 @@ import triton
 import triton.language as tl
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # ------------------------------------------------------------------------------------------- wall-clock guard
@@ -321,21 +325,42 @@ def normwise_rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 # -------------------------------------------------------------------------------------------- environment
 
 
+def device_identity(device: torch.device) -> dict:
+    """``{"type": ..., "name": ...}`` of ``device`` (the CUDA device name, else the host's processor)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
+    return {"type": device.type, "name": platform.processor() or platform.machine()}
+
+
+def device_slug(identity: dict) -> str:
+    """The folder name of a device's results: its name in lower case, runs of other characters as one ``-``
+    (``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``), prefixed by the type unless it is CUDA
+    (``cpu-x86-64``)."""
+    if not isinstance(identity, dict) or not identity.get("name") or not identity.get("type"):
+        raise ValueError(f"identity must be a dict with a type and a name, got {identity!r}")
+    name = identity["name"] if identity["type"] == "cuda" else f"{identity['type']} {identity['name']}"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run_dir(results: Path, family: str, device: torch.device) -> Path:
+    """Where the latest run of ``family`` on ``device`` lives: ``results/<family>/<device slug>/``."""
+    if not family or "/" in family:
+        raise ValueError(f"family must be a family name, got {family!r}")
+    return Path(results) / family / device_slug(device_identity(device))
+
+
 def environment(device: torch.device, packages: Sequence[str] = ()) -> dict:
     """Device name, library versions (``packages`` by distribution name, 'absent' if not installed), commit."""
     from importlib import metadata
 
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
     versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
     for package in packages:
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = "absent"
-    return {"device": {"type": device.type, "name": name}, "versions": versions, "commit": current_commit()}
+    return {"device": device_identity(device), "versions": versions, "commit": current_commit()}
 
 
 def current_commit() -> str:

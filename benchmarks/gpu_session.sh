@@ -1,35 +1,39 @@
 #!/usr/bin/env bash
-# The GPU session, in calls of the device tool (each under its 10-minute limit), `.whl` carried:
-#     bash benchmarks/gpu_session.sh verify    # sentinel verify --device cuda --record, GPU tests, precision check
-#     bash benchmarks/gpu_session.sh sanitize  # the same under compute-sanitizer (--sanitize), recorded
-#     bash benchmarks/gpu_session.sh bench     # every family's default benchmark grid and its analysis
-#     bash benchmarks/gpu_session.sh overhead  # public calls against a trivial torch op (benchmarks/overhead.py)
-# Every step runs under its own time limit, its output is appended to $OUT/session.log, and its exit code and
-# duration to $OUT/exit_codes.txt; a failing step does not stop the next one. Exit code: 0 when every step
-# passed, else 1. Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 90,
-# CHECK_BUDGET 150, BENCH_BUDGET 130 (seconds per family), BENCH_FAMILIES semicrf,sinkhorn,segment.
-# verify runs one process per family of VERIFY_FAMILIES (default: every family; each family's record is written
-# when it finishes) and, with VERIFY_ROUTES (space-separated globs, e.g. 'semicrf.triton.*'), records that part
-# only: it joins the family's saved record of the same sources (copy the earlier part into traces/verification/
-# first), for a family whose verification does not fit one call (none now: semicrf's took 60 s with 14 workers
-# once its C = 257 compilation was gone). The GPU tests and the precision check run only with VERIFY_EXTRAS=1.
-# bench leaves $OUT/benchmarks.tar.gz (<family>/ folders: CSV, JSON, memory breakdown, plots/; the device tool
-# returns at most 8 files) and $OUT/session.log: tar xzf benchmarks.tar.gz -C benchmarks/results/.
+# The GPU session, one device-tool call per phase (each under its 10-minute limit), `.whl` carried:
+#     bash benchmarks/gpu_session.sh verify     # sentinel verify --device cuda --record, one process per family
+#     bash benchmarks/gpu_session.sh sanitize   # the same under compute-sanitizer (--sanitize), recorded
+#     bash benchmarks/gpu_session.sh bench      # python -m benchmarks gpu: every family's default grid and analysis
+#     bash benchmarks/gpu_session.sh overhead   # python -m benchmarks overhead: public calls vs a trivial op, kernels
+#     bash benchmarks/gpu_session.sh breakdown  # python -m benchmarks breakdown: every CUDA kernel of a public call
+#     bash benchmarks/gpu_session.sh check      # python -m benchmarks check: the families' GPU checks beyond timing
+# Families are discovered, never named here: verify and sanitize loop over sentinel's registry (the family folders
+# of kernels/), the benchmark phases over the benchmark adapters (benchmarks.adapters.families()); FAMILIES
+# (space-separated) narrows both. Every step runs under its own time limit, its output is appended to
+# $OUT/session.log, and its exit code and duration to $OUT/exit_codes.txt; a failing step does not stop the next
+# one. Exit code: 0 when every step passed, else 1.
+# The benchmark phases leave $OUT/<phase>.tar.gz holding <family>/<device slug>/ folders (the device tool returns
+# at most 8 files), the layout of benchmarks/results/ (the latest run per family and device): back here,
+# `tar xzf <phase>.tar.gz -C benchmarks/results/`, then `python -m benchmarks site`, and commit both.
+# Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 180, BENCH_BUDGET 130 (seconds per
+# family: bench), CHECK_BUDGET 150 (seconds per family: check), BREAKDOWN_BUDGET 120 (seconds per family).
+# verify with VERIFY_ROUTES (space-separated globs, e.g. '<family>.triton.*') records that part only: it joins the
+# family's saved record of the same sources (copy the earlier part into traces/verification/ first). With
+# VERIFY_EXTRAS=1, verify also runs the GPU tests (GPU_TESTS; default: tests/test_gpu_call_path.py and each
+# family's tests/test_<family>_triton.py, else tests/test_<family>.py).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead}
+PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead|breakdown|check}
+case "$PHASE" in verify|sanitize|bench|overhead|breakdown|check) ;; *) echo "unknown phase $PHASE" >&2; exit 2;; esac
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
-VERIFY_FAMILIES=${VERIFY_FAMILIES:-semicrf sinkhorn segment}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
 VERIFY_EXTRAS=${VERIFY_EXTRAS:-0}
 VERIFY_JOBS=${VERIFY_JOBS:-12}
-TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
-CHECK_BUDGET=${CHECK_BUDGET:-150}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-180}
 BENCH_BUDGET=${BENCH_BUDGET:-130}
-BENCH_FAMILIES=${BENCH_FAMILIES:-semicrf,sinkhorn,segment}
-GPU_TESTS="tests/test_semicrf_triton.py tests/test_sinkhorn.py tests/test_gpu_call_path.py"  # tests whose kernels run on the GPU
+CHECK_BUDGET=${CHECK_BUDGET:-150}
+BREAKDOWN_BUDGET=${BREAKDOWN_BUDGET:-120}
 LOG=$OUT/session.log
 CODES=$OUT/exit_codes.txt
 : >"$LOG"
@@ -48,20 +52,25 @@ step() {
   [ "$rc" -eq 0 ] || failed=1
 }
 
-step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl
 # The tree's folders import as provable_kernels and kernel_sentinel (setup.py): link them, no install needed.
-mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels && ln -sfn "$PWD/sentinel" /tmp/import/kernel_sentinel
+mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels \
+  && ln -sfn "$PWD/sentinel" /tmp/import/kernel_sentinel
 export PYTHONPATH=/tmp/site:/tmp/import
 # The copy of the tree here has no .git: name the commit it was sent from (SENTINEL_COMMIT=<sha> bash ...).
 step nvidia-smi nvidia-smi
+
 if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
+  VERIFIED=${FAMILIES:-$(python3 -c \
+    "from kernel_sentinel.registry import families; print(*(f.name for f in families()))")}
   SANITIZE=""
   [ "$PHASE" = sanitize ] && SANITIZE=--sanitize  # every Triton route's cases under memcheck, racecheck, ...
   verify_start=$(date +%s)
-  for family in $VERIFY_FAMILIES; do
+  for family in $VERIFIED; do
     left=$(( VERIFY_TIMEOUT - ($(date +%s) - verify_start) ))
     if [ "$left" -lt 10 ]; then  # `timeout 0` would mean no limit
-      echo "verify-$family: not run, VERIFY_TIMEOUT spent" | tee -a "$LOG" >>"$CODES"; failed=1; continue
+      echo "$PHASE-$family: not run, VERIFY_TIMEOUT spent" | tee -a "$LOG" >>"$CODES"; failed=1; continue
     fi
     touch "/tmp/verify-start-$family"  # the record this step writes is the one newer than this
     set -f  # VERIFY_ROUTES holds globs for --route, not file names
@@ -73,17 +82,34 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     find traces/verification -name "$family-cuda-*.json" -newer "/tmp/verify-start-$family" -exec cp {} "$OUT"/ \;
   done
   if [ "$VERIFY_EXTRAS" = 1 ]; then
+    if [ -z "${GPU_TESTS:-}" ]; then
+      GPU_TESTS=tests/test_gpu_call_path.py
+      for family in $VERIFIED; do
+        for file in "tests/test_${family}_triton.py" "tests/test_${family}.py"; do
+          if [ -f "$file" ]; then GPU_TESTS="$GPU_TESTS $file"; break; fi
+        done
+      done
+    fi
+    # shellcheck disable=SC2086 # GPU_TESTS is a list of files
     step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS
-    step precision timeout $(( CHECK_BUDGET + 30 )) python3 benchmarks/semicrf_gpu_check.py --out "$OUT/check" \
-      --only correctness,precision --budget "$CHECK_BUDGET"
   fi
-elif [ "$PHASE" = overhead ]; then
-  step overhead python3 -m benchmarks overhead --out "$OUT"
 else
-  # Each family keeps to its budget; the margin covers imports, analysis and one slow call begun near a deadline.
-  nfam=$(echo "$BENCH_FAMILIES" | tr ',' '\n' | wc -l)
-  step benchmark timeout $(( nfam * (BENCH_BUDGET + 45) )) python3 -m benchmarks gpu --no-progress \
-    --families "$BENCH_FAMILIES" --out /tmp/bench --budget-s "$BENCH_BUDGET" --archive "$OUT/benchmarks.tar.gz"
+  BENCHED=${FAMILIES:-$(python3 -c "from benchmarks.adapters import families; print(*families())")}
+  nfam=$(echo "$BENCHED" | wc -w)
+  csv=$(echo "$BENCHED" | tr ' ' ',')
+  # Each family keeps to its budget; the margin covers imports, floors, analysis and one slow call begun near a
+  # deadline. Results go to /tmp/<phase>/<family>/<device slug>/, packed into $OUT/<phase>.tar.gz.
+  case "$PHASE" in
+    bench) step bench timeout $(( nfam * (BENCH_BUDGET + 45) )) python3 -m benchmarks gpu --no-progress \
+             --families "$csv" --out /tmp/bench --budget-s "$BENCH_BUDGET" --archive "$OUT/bench.tar.gz" ;;
+    overhead) step overhead timeout 540 python3 -m benchmarks overhead --families "$csv" --out /tmp/overhead \
+                --archive "$OUT/overhead.tar.gz" ;;
+    breakdown) step breakdown timeout $(( nfam * (BREAKDOWN_BUDGET + 30) )) python3 -m benchmarks breakdown \
+                 --families "$csv" --out /tmp/breakdown --budget-s "$BREAKDOWN_BUDGET" \
+                 --archive "$OUT/breakdown.tar.gz" ;;
+    check) step check timeout $(( nfam * (CHECK_BUDGET + 30) )) python3 -m benchmarks check --families "$csv" \
+             --out /tmp/check --budget-s "$CHECK_BUDGET" --archive "$OUT/check.tar.gz" ;;
+  esac
 fi
 
 echo "=== exit codes" | tee -a "$LOG"

@@ -1,15 +1,26 @@
-"""What a public call costs, host time included: ``python -m benchmarks overhead --out DIR``.
+"""What a public call costs and where its time goes: ``python -m benchmarks overhead`` and ``... breakdown``.
 
-For every family, at its adapter's ``overhead_shapes`` (a launch-bound shape first, then the headline shape): the
-wall time per public call (``--calls`` calls back to back, fewer for slow calls, synchronised at the end, median
-of ``--repeats`` such loops) for the forward (no autograd) and a training step (forward + backward for a fixed upstream gradient), the
-same for the adapter's ``peer`` and for a trivial torch op (``z.add(1)`` on 16 floats) in the same process, and the
-CUDA launches per call (kernels, copies and memsets in ``torch.profiler``). Host speed differs from one machine to
-the next; the ratios to the trivial op do not: the targets are forward <= 2.5x and forward+backward <= 6x. The
-first call of each family (fresh Triton cache: compilation included) is reported as ``first_call_s``.
+``overhead``: for every family, at its adapter's ``overhead_shapes`` (a launch-bound shape first, then the headline
+shape): the wall time per public call (``--calls`` calls back to back, fewer for slow calls, synchronised at the
+end, median of ``--repeats`` such loops) for the forward (no autograd) and a training step (forward + backward for a
+fixed upstream gradient), the same for the adapter's ``peer`` and for a trivial torch op (``z.add(1)`` on 16
+floats) in the same process, and the CUDA launches per call (kernels, copies and memsets in ``torch.profiler``).
+Host speed differs from one machine to the next; the ratios to the trivial op do not: the targets are forward <=
+2.5x and forward+backward <= 6x. ``kernel_us``: the forward captured in a CUDA graph and replayed
+(``triton.testing.do_bench_cudagraph``, median: no host work), ``host_us`` = ``forward_us`` - ``kernel_us``, what
+the public call adds over its kernels (None where the call cannot be captured, e.g. a host sync; the reason is
+recorded). The first call of each family (fresh Triton cache: compilation included) is ``first_call_s``.
 
-Writes DIR/overhead.json and prints a table. Without CUDA it runs on the CPU (the PyTorch routes): a smoke check of
-the script, not a measurement.
+``breakdown``: for every family, this project's first implementation at the adapter's anchors and its launch-bound
+overhead shape, forward and forward+backward: warm-up calls, the mean wall time per call (synchronised, ``REPS``
+calls), then ``REPS`` calls under ``torch.profiler``: each CUDA kernel's mean device time per call, their sum, and
+the hardware floor of the benchmark (``Adapter.floor`` with the floors measured in the same run). The gap between
+wall time and the kernels' sum is host time the GPU waited on (validation, dispatch, launches). Kernels summing
+to less than the floor are flagged ``invalid`` by the runner's rule (``runner.below_floor``).
+
+Each family's report goes to ``OUT/<family>/<device slug>/overhead.json`` (``breakdown.json``), the layout of
+``benchmarks/results/``. Without CUDA ``overhead`` runs on the CPU (the PyTorch routes): a smoke check, not a
+measurement; ``breakdown`` needs CUDA.
 """
 from __future__ import annotations
 
@@ -18,19 +29,23 @@ import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
+from collections import defaultdict
 from typing import Any, Callable, Optional
 
 import torch
 
 from benchmarks import adapters
-from benchmarks.common import device_launches, environment, print_table, write_json
+from benchmarks.common import (Deadline, Timer, device_launches, environment, failure_status, measure_floors,
+                               print_table, release_memory, run_dir, write_json)
+from benchmarks.runner import below_floor
 
 TARGETS = {"forward": 2.5, "both": 6.0}  # wall per call / trivial op's
 COLUMNS = [("family", "family", ""), ("config", "shape", ""), ("impl", "impl", ""),
            ("forward_us", "fwd us", ".1f"), ("forward_x_trivial", "fwd / trivial", ".2f"),
            ("both_us", "fwd+bwd us", ".1f"), ("both_x_trivial", "fwd+bwd / trivial", ".2f"),
+           ("kernel_us", "kernel us", ".1f"), ("host_us", "host us", ".1f"),
            ("forward_launches", "fwd launches", ""), ("both_launches", "fwd+bwd launches", "")]
+REPS = 20  # profiled calls per breakdown case
 
 
 LOOP_S = 0.1  # a timed loop holds fewer than --calls calls when they would take longer than this
@@ -55,6 +70,19 @@ def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.devic
         sync()
         times.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(times)
+
+
+def graph_us(fn: Callable[[], Any]) -> tuple[Optional[float], Optional[str]]:
+    """(device time of ``fn`` from CUDA-graph replays, median, in microseconds; None and why when the call cannot
+    be captured)."""
+    import triton.testing
+
+    fn()
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3, None
+    except Exception as exc:  # noqa: BLE001 - a call that cannot be captured (host sync) is reported, not fatal
+        torch.cuda.synchronize()
+        return None, f"no CUDA-graph capture: {failure_status(exc)}"
 
 
 def calls_of(adapter: adapters.Adapter, impl: adapters.Impl, config: dict,
@@ -105,15 +133,104 @@ def measure_family(adapter: adapters.Adapter, device: torch.device, calls: int, 
             if device.type == "cuda":
                 row["forward_launches"] = device_launches(forward)
                 row["both_launches"] = None if both is None else device_launches(both)
+                row["kernel_us"], why = graph_us(forward)
+                if why:
+                    row["kernel_note"] = why
+                else:
+                    row["host_us"] = row["forward_us"] - row["kernel_us"]
             rows.append(row)
     return rows
 
 
+def profile_kernels(fn: Callable[[], Any], reps: int = REPS) -> dict:
+    """Mean wall time per call (synchronised before and after the loop) and each CUDA kernel's mean device time
+    per call, from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / reps * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels[event.name]
+            entry[0] += event.device_time / reps
+            entry[1] += 1
+    rows = sorted(({"kernel": k, "us": v[0], "launches": v[1] / reps} for k, v in kernels.items()),
+                  key=lambda r: -r["us"])
+    return {"wall_us": wall, "kernels_us": sum(r["us"] for r in rows), "kernels": rows}
+
+
+def breakdown_family(adapter: adapters.Adapter, device: torch.device, floors, deadline: Deadline) -> list[dict]:
+    """The kernel breakdown of this project's first implementation at the adapter's anchors and launch-bound
+    shape (see the module docstring)."""
+    impl = next(i for i in adapter.impls if i.ours)
+    configs = list(adapter.overhead_shapes[:1]) + [c for c in adapter.anchors if c not in adapter.overhead_shapes[:1]]
+    cases = []
+    for config in configs:
+        row = {"family": adapter.name, "config": adapter.label(config), "impl": impl.name}
+        if deadline.remaining() <= 0:
+            cases.append({**row, "status": "skipped: wall-clock budget spent"})
+            continue
+        try:
+            forward, both = calls_of(adapter, impl, config, device)
+        except Exception as exc:  # noqa: BLE001 - reported
+            cases.append({**row, "status": failure_status(exc)})
+            continue
+        for phase, fn in (("forward", forward), ("both", both)):
+            if fn is None:
+                continue
+            case = {**row, "phase": phase}
+            try:
+                case.update(status="ok", **profile_kernels(fn))
+            except Exception as exc:  # noqa: BLE001 - reported
+                case["status"] = failure_status(exc)
+            floor_s, kind = floors.floor(*adapter.floor(config, phase))
+            case.update(floor_us=floor_s * 1e6, floor_kind=kind)
+            invalid = case["status"] == "ok" and below_floor(
+                {"time_ms": case["kernels_us"] / 1e3, "floor_ms": floor_s * 1e3, "floor_kind": kind})
+            if invalid:
+                case["status"] = f"invalid: {invalid}"
+            cases.append(case)
+            print(f"[{adapter.name}] {case['config']} {phase}: {case['status']}"
+                  + (f", wall {case['wall_us']:.1f} us, kernels {case['kernels_us']:.1f} us, floor "
+                     f"{case['floor_us']:.1f} us" if "wall_us" in case else ""), flush=True)
+        del forward, both
+        release_memory(device)
+    return cases
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="directory for overhead.json")
-    parser.add_argument("--families", default=",".join(adapters.FAMILIES))
     parser.add_argument("--calls", type=int, default=None, help="calls per timed loop (CUDA 300, CPU 3)")
     parser.add_argument("--repeats", type=int, default=None, help="timed loops (CUDA 5, CPU 1)")
+
+
+def run_breakdown(opts: argparse.Namespace) -> int:
+    """``python -m benchmarks breakdown``: every family of ``opts.families`` into OUT/<family>/<device slug>/."""
+    if not torch.cuda.is_available():
+        print("breakdown needs a CUDA GPU (torch.profiler device times)")
+        return 2
+    device = torch.device("cuda")
+    timer = Timer(device)
+    floors = measure_floors(timer)
+    for family in opts.families:
+        adapter = adapters.load(family)
+        cases = breakdown_family(adapter, device, floors, Deadline(opts.budget_s))
+        out = run_dir(opts.out, family, device)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "breakdown.json", {"environment": environment(device), "floors": floors.describe(),
+                                            "copy_bytes_per_s": floors.copy_bytes_per_s, "reps": REPS,
+                                            "cases": cases})
+    return 0
 
 
 def run(opts: argparse.Namespace) -> int:
@@ -123,12 +240,16 @@ def run(opts: argparse.Namespace) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="overhead-triton-"))  # first call compiles
     z = torch.zeros(16, device=device)
     trivial_us = wall_us(lambda: z.add(1), calls, repeats, device)
-    rows = [dict(family="-", config="16 floats", impl="z.add(1)", forward_us=trivial_us, forward_x_trivial=1.0,
-                 forward_launches=device_launches(lambda: z.add(1)) if cuda else None)]
-    for family in opts.families.split(","):
-        rows += measure_family(adapters.load(family), device, calls, repeats, trivial_us)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    write_json(opts.out / "overhead.json", dict(environment=environment(device), calls=calls, repeats=repeats,
-                                                 smoke_only=not cuda, targets_x_trivial=TARGETS, rows=rows))
+    trivial = dict(config="16 floats", impl="z.add(1)", forward_us=trivial_us, forward_x_trivial=1.0,
+                   forward_launches=device_launches(lambda: z.add(1)) if cuda else None)
+    rows: list[dict] = []
+    for family in opts.families:
+        family_rows = [{**trivial, "family": family}] + measure_family(adapters.load(family), device, calls, repeats,
+                                                                        trivial["forward_us"])
+        out = run_dir(opts.out, family, device)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "overhead.json", dict(environment=environment(device), calls=calls, repeats=repeats,
+                                               smoke_only=not cuda, targets_x_trivial=TARGETS, rows=family_rows))
+        rows += family_rows
     print_table(f"public calls against z.add(1) ({device.type}{'' if cuda else ': smoke check'})", rows, COLUMNS)
     return 0

@@ -10,6 +10,10 @@ Compilation is never timed: the first warm-up call (``first_call_s``) carries it
 Triton kernels compiled during the measurement (``triton.knobs.runtime.jit_post_compile_hook``). Configurations
 run in the adapter's order, so configurations sharing compiled variants run next to each other.
 
+A median below the hardware floor (``floor_ms`` / ``FLOOR_MARGIN``) is not a speedup but a measurement that
+skipped work (or a floor that does not hold): its status is ``invalid: ...`` (``flag_below_floor``, which the
+analysis and the site also apply to results written before this rule), so no ratio is computed from it.
+
 Outputs in the output directory, rewritten after every configuration (a run cut short by ``--budget-s`` leaves
 valid partial results; ``--resume`` skips every measurement already recorded with a final status):
 
@@ -50,7 +54,11 @@ from benchmarks.common import (
 )
 
 REFERENCE_SHARE = 0.25  # the float64 reference may take this much of the budget left, estimated
-FINAL = ("ok", "oom", "error")  # statuses --resume keeps (a skipped measurement is tried again)
+FINAL = ("ok", "oom", "error", "invalid")  # statuses --resume keeps (a skipped measurement is tried again)
+# A median below floor / FLOOR_MARGIN cannot be real. The margin covers the floor's own measurement: the bandwidth
+# floor divides by the measured device-to-device copy rate, and a read-dominated kernel may stream a little faster
+# than a copy (the runs on record reach 0.97 of it); the sequential floor is a measured step latency.
+FLOOR_MARGIN = 1.10
 ROW_COLUMNS = ("impl", "ours", "phase", "status", "time_ms", "time_min_ms", "time_max_ms", "time_iqr_ms", "reps",
                "first_call_s", "compiles", "peak_mb", "bytes", "steps", "floor_ms", "floor_kind", "floor_fraction",
                "bytes_per_s", "size", "throughput", "rel_err", "ref_status", "route", "notes")
@@ -381,6 +389,7 @@ class Runner:
                        throughput=size / m.median_s)
         if m.status == "ok" and phase == "forward":
             self.spec[impl.name] = spec_of(m.result)
+        row = flag_below_floor([row])[0]
         if m.status == "ok" and reference is not None:
             try:
                 row["rel_err"] = accuracy(m.result, phase, prepared, reference)
@@ -502,6 +511,33 @@ class Runner:
 
 def ours_failed(rows: list[dict]) -> bool:
     return any(str(r.get("ours")) == "True" and str(r.get("status", "")).startswith(("error", "oom")) for r in rows)
+
+
+def below_floor(row: dict) -> Optional[str]:
+    """Why ``row``'s median cannot be real (it is below ``floor_ms`` / FLOOR_MARGIN), or None (it can, or the row
+    has no time or no floor)."""
+    if not isinstance(row, dict):
+        raise TypeError(f"row must be a dict, got {type(row).__name__}")
+    time_ms, floor_ms = finite(row.get("time_ms")), finite(row.get("floor_ms"))
+    if time_ms is None or not floor_ms or time_ms * FLOOR_MARGIN >= floor_ms:
+        return None
+    return (f"median {time_ms:.4g} ms is below the {row.get('floor_kind') or 'hardware'} floor {floor_ms:.4g} ms "
+            f"({floor_ms / time_ms:.3g}x): work was skipped or the floor does not hold")
+
+
+def flag_below_floor(rows: list[dict]) -> list[dict]:
+    """``rows`` with every ``ok`` row whose median is below the floor (``below_floor``) turned ``invalid: ...``
+    (copies; the others unchanged)."""
+    out = []
+    for row in rows:
+        reason = below_floor(row) if row.get("status") == "ok" else None
+        out.append({**row, "status": f"invalid: {reason}"} if reason else row)
+    return out
+
+
+def read_results(path: Path) -> list[dict]:
+    """The rows of a ``benchmark_full.csv`` with the floor rule applied (``flag_below_floor``)."""
+    return flag_below_floor(read_rows(path))
 
 
 def finite(value: Any) -> Optional[float]:

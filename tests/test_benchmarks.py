@@ -1,20 +1,18 @@
-"""Smoke tests of the benchmark machinery (benchmarks/common.py, benchmarks/semicrf.py) on the CPU at tiny sizes.
+"""The benchmark suite's machinery on the CPU at tiny sizes: family discovery, the results layout (the latest run
+per family and device), the floor rule, timing guards and floors, and the semi-CRF peers' input mappings against a
+brute force (value and every gradient, pulled back to our parameters: the path the runner times and scores).
 
-No timing assertions. The peers' input mappings are checked against the brute-force oracle and a differentiable
-brute force written here (they need the bench extra: ``pip install -e '.[bench]'``).
+No timing assertions. The peers need the bench extra (``pip install -e '.[bench]'``).
 """
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
-import math
-import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,11 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import common  # noqa: E402
-from benchmarks import semicrf as bench  # noqa: E402
+from benchmarks import adapters, common  # noqa: E402
+from benchmarks.__main__ import main, pack  # noqa: E402
+from benchmarks.adapters import semicrf  # noqa: E402
+from benchmarks.runner import FLOOR_MARGIN, below_floor, flag_below_floor, read_results  # noqa: E402
 
 CPU = torch.device("cpu")
-TINY = bench.Shape(2, 6, 3, 2)
+TINY = semicrf.Shape(2, 6, 3, 2)
 
 
 def require_peers() -> None:
@@ -38,11 +38,7 @@ def require_peers() -> None:
         pytest.fail(f"{missing} not installed: the benchmark tests need the bench extra (pip install -e '.[bench]')")
 
 
-def bench_args() -> SimpleNamespace:
-    return SimpleNamespace(target_s=0.01, min_reps=1, floors=common.Floors(1e9, "test", 1e-9, "test"))
-
-
-def brute_force(problem: bench.Problem) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+def brute_force(problem: semicrf.Problem) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """logZ (B,) by enumeration, written with torch ops so autograd gives the gradients of its sum."""
     leaves = tuple(p.detach().double().clone().requires_grad_() for p in problem.params)
     cum, trans, dur = leaves
@@ -63,69 +59,43 @@ def brute_force(problem: bench.Problem) -> tuple[torch.Tensor, tuple[torch.Tenso
     return logz.detach(), torch.autograd.grad(logz.sum(), leaves)
 
 
-def oracle_logz(problem: bench.Problem, proj_start=None) -> torch.Tensor:
+def oracle_logz(problem: semicrf.Problem, proj_start=None) -> torch.Tensor:
     scored = oracle.all_scores(*problem.params, problem.lengths, problem.shape.K, proj_start=proj_start)
     return torch.tensor(oracle.log_partition(scored), dtype=torch.float64)
 
 
-@pytest.mark.parametrize("peer", ["flash", "struct"])
-def test_peer_timed_path_computes_our_model(peer):
-    """The timed call on pre-mapped inputs, with gradients pulled back to our parameters, matches the brute force."""
+@pytest.mark.parametrize("peer", ["flash-semicrf", "torch-struct"])
+def test_peer_mapping_and_pullback_compute_our_model(peer):
+    """The peer's call on its mapped inputs, and its gradients pulled back to our parameters, match the brute
+    force."""
     require_peers()
-    problem = bench.make_problem(TINY, CPU, seed=1).float64()
+    config = {"B": TINY.B, "T": TINY.T, "K": TINY.K, "C": TINY.C, "semiring": "Log"}
+    problem = semicrf.make_problem(TINY, CPU, seed=1).float64()
     want_logz, want_grads = brute_force(problem)
     assert torch.allclose(want_logz, oracle_logz(problem), rtol=1e-12, atol=1e-12)
-    entries = bench.bench_impl(bench.PEERS[peer], problem, common.Timer(CPU), common.Deadline(60), bench_args())
-    assert [row["pass"] for row, _ in entries] == list(bench.PASSES)
-    for row, sample in entries:
-        assert row["status"] == "ok" and row["reps"] >= 1 and row["time_ms"] > 0
-        torch.testing.assert_close(sample.logz, want_logz, rtol=1e-9, atol=1e-9)
-    grads = entries[1][1].grads
-    for name, got, want in zip(bench.GRAD_NAMES, grads, want_grads):
+    prepared = semicrf.ADAPTER.impl(peer).prepare(problem, config)
+    args = list(prepared.args)
+    leaves = [args[i].detach().requires_grad_() for i in prepared.differentiable]
+    for i, leaf in zip(prepared.differentiable, leaves):
+        args[i] = leaf
+    logz = prepared.call(*args)
+    torch.testing.assert_close(logz.detach(), want_logz, rtol=1e-9, atol=1e-9)
+    grads = prepared.pullback(torch.autograd.grad(logz.sum(), leaves))
+    for name, got, want in zip(("cum_scores", "transition", "duration_bias"), grads, want_grads):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-9, msg=lambda m: f"{peer} {name}: {m}")
 
 
 def test_flash_convention_differs_without_the_mapping():
     """flash-semicrf's first segment pays logsumexp_c' transition[c', c]; our model's pays nothing."""
     require_peers()
-    problem = bench.make_problem(TINY, CPU, seed=2).float64()
-    raw = bench.flash_call(*problem.params, problem.lengths, TINY.K)
+    from flash_semicrf.streaming import semi_crf_streaming_forward as flash_forward
+
+    problem = semicrf.make_problem(TINY, CPU, seed=2).float64()
+    raw = flash_forward(*problem.params, problem.lengths, TINY.K)
     assert (raw - oracle_logz(problem)).abs().min() > 1e-3
     first_pays = torch.zeros(TINY.B, TINY.T, TINY.C, dtype=torch.float64)
     first_pays[:, 0] = torch.logsumexp(problem.transition, dim=0)
     torch.testing.assert_close(raw, oracle_logz(problem, proj_start=first_pays), rtol=1e-10, atol=1e-10)
-
-
-def test_failures_are_reported_not_dropped(tmp_path):
-    problem = bench.make_problem(TINY, CPU, seed=3)
-
-    def boom(*args):
-        raise RuntimeError("boom")
-
-    def oom(*args):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
-
-    identity = bench.OURS.to_inputs
-    impls = [bench.Impl("boom", identity, boom), bench.Impl("oom", identity, oom),
-             bench.Impl("huge", identity, bench.ours_call, memory_bytes=lambda shape: 1e18)]
-    rows = []
-    for impl in impls:
-        entries = bench.bench_impl(impl, problem, common.Timer(CPU), common.Deadline(60), bench_args())
-        assert all(sample is None for _, sample in entries)
-        rows += [row for row, _ in entries]
-    statuses = {(r["impl"], r["pass"]): r["status"] for r in rows}
-    assert statuses[("boom", "fwd")] == statuses[("boom", "fwd+bwd")] == "error: RuntimeError: boom"
-    assert statuses[("oom", "fwd")] == statuses[("oom", "fwd+bwd")] == "oom"
-    assert statuses[("huge", "fwd")].startswith("skipped: needs ~")
-    bench.add_ratios(rows)
-    rows[0]["logz_rel_err"] = float("nan")  # strict JSON has no NaN: written as a string
-    meta = {"settings": {"shapes": [TINY.label]}}
-    bench.report(tmp_path, rows, meta, final=False)
-    written = json.loads((tmp_path / "semicrf.json").read_text())["rows"]
-    assert {(r["impl"], r["pass"], r["status"]) for r in written} == {(i, p, s) for (i, p), s in statuses.items()}
-    assert written[0]["logz_rel_err"] == "nan"
-    with open(tmp_path / "semicrf.csv") as f:
-        assert len(list(csv.DictReader(f))) == 6
 
 
 def test_wall_clock_guard():
@@ -146,56 +116,180 @@ def test_floors_pick_the_binding_one():
     floors = common.Floors(copy_bytes_per_s=1e12, copy_method="-", step_s=1e-6, step_method="-")
     assert floors.floor(1e9, 10) == (pytest.approx(1e-3), "bandwidth")
     assert floors.floor(1e3, 10_000) == (pytest.approx(1e-2), "sequential")
-    bytes_fwd, steps_fwd = bench.floor_inputs(TINY, "fwd")
-    bytes_both, steps_both = bench.floor_inputs(TINY, "fwd+bwd")
-    assert steps_both == 2 * steps_fwd == 2 * TINY.T and bytes_both > bytes_fwd
+    config = {"B": TINY.B, "T": TINY.T, "K": TINY.K, "C": TINY.C, "semiring": "Log"}
+    bytes_fwd, steps_fwd = semicrf.floor(config, "forward")
+    bytes_both, steps_both = semicrf.floor(config, "both")
+    # fp32 inputs (B*(T+1)*C + C*C + K*C values) and int64 lengths + an int32 per sequence read; gradients written
+    inputs = 4 * (2 * 7 * 2 + 2 * 2 + 3 * 2)
+    assert bytes_fwd == inputs + 12 * 2 and bytes_both == bytes_fwd + inputs
+    assert steps_both == 2 * steps_fwd == 2 * TINY.T
 
 
-def test_bad_arguments_are_usage_errors():
+# ------------------------------------------------------------------------------------------------ discovery
+
+
+def test_families_are_the_adapter_modules_of_the_package():
+    """Every public module or package in benchmarks/adapters/ is a family, and there is no list to edit."""
+    folder = ROOT / "benchmarks" / "adapters"
+    on_disk = sorted({p.stem for p in folder.glob("*.py") if not p.name.startswith("_")}
+                     | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()})
+    assert list(adapters.families()) == on_disk and {"semicrf", "sinkhorn", "segment"} <= set(on_disk)
+    for family in on_disk:
+        assert adapters.load(family).name == family
+    assert not hasattr(adapters, "FAMILIES")
+    with pytest.raises(ValueError, match="family must be one of"):
+        adapters.load("nope")
+
+
+def test_a_new_adapter_module_is_discovered(tmp_path, monkeypatch):
+    """A module dropped into the adapters package becomes a family of every phase (the run command's choices)."""
+    monkeypatch.setattr(adapters, "__path__", [str(ROOT / "benchmarks" / "adapters"), str(tmp_path)])
+    (tmp_path / "probe.py").write_text("from benchmarks.adapters.sinkhorn import ADAPTER as _A\n"
+                                       "import dataclasses\nADAPTER = dataclasses.replace(_A, name='probe')\n")
+    assert "probe" in adapters.families() and not (ROOT / "benchmarks" / "adapters" / "probe.py").exists()
+    assert adapters.load("probe").name == "probe"
+    sys.modules.pop("benchmarks.adapters.probe", None)
+
+
+def test_gpu_session_names_no_family():
+    """gpu_session.sh loops over the discovered families; no family is named in it."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    for family in adapters.families():
+        assert not re.search(rf"\b{family}\b", script), family
+    assert "adapters.families()" in script
+    done = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_session.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------------------------------------- results layout
+
+
+def test_device_slug_and_run_dir():
+    assert common.device_slug({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
+    assert common.device_slug({"type": "cuda", "name": "NVIDIA H200"}) == "nvidia-h200"
+    assert common.device_slug({"type": "cpu", "name": "x86_64"}) == "cpu-x86-64"
+    for bad in ({}, {"type": "cuda"}, "NVIDIA H200"):
+        with pytest.raises(ValueError, match="identity"):
+            common.device_slug(bad)
+    slug = common.device_slug(common.device_identity(CPU))
+    assert common.run_dir(Path("r"), "segment", CPU) == Path("r") / "segment" / slug
+    with pytest.raises(ValueError, match="family"):
+        common.run_dir(Path("r"), "a/b", CPU)
+
+
+def test_committed_results_keep_the_latest_run_per_family_and_device():
+    """benchmarks/results/ holds only <family>/<device slug>/ folders of discovered families, each with the files a
+    phase writes (one run per family and device: a new run replaces them)."""
+    results = ROOT / "benchmarks" / "results"
+    known = {"benchmark_full.csv", "benchmark_full.json", "heatmap_data.json", "memory_breakdown.csv", "plots",
+             "overhead.json", "breakdown.json", "checks.json"}
+    assert {p.name for p in results.iterdir()} <= set(adapters.families())
+    for family in results.iterdir():
+        for device in family.iterdir():
+            assert device.is_dir() and re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", device.name), device
+            assert {p.name for p in device.iterdir()} <= known, device
+            for name in ("benchmark_full.json", "overhead.json", "breakdown.json", "checks.json"):
+                if (device / name).exists():
+                    run = json.loads((device / name).read_text())
+                    identity = run.get("device") or run["environment"]["device"]
+                    assert common.device_slug(identity) == device.name, (device, name)
+
+
+def test_a_new_run_replaces_the_devices_results(tmp_path):
+    """``run`` writes to results/<family>/<device slug>/ by default; a second run of the same family on the same
+    device replaces the first (one CSV, the second run's rows), and ``pack`` carries that layout."""
+    out = tmp_path / "results"
+    for T in ("4", "3"):
+        assert main(["run", "--family", "semicrf", "--device", "cpu", "--B", "1", "--T", T, "--K", "2", "--C", "2",
+                     "--backends", "torch", "--phases", "forward", "--repeats", "1", "--target-s", "0.005",
+                     "--output-dir", str(common.run_dir(out, "semicrf", CPU)), "--no-progress"]) == 0
+    runs = list(out.glob("*/*/benchmark_full.csv"))
+    assert runs == [common.run_dir(out, "semicrf", CPU) / "benchmark_full.csv"]
+    assert [r["T"] for r in read_results(runs[0])] == ["3"]
+    import tarfile
+
+    pack(out, tmp_path / "a.tar.gz")
+    with tarfile.open(tmp_path / "a.tar.gz") as tar:
+        assert f"semicrf/{runs[0].parent.name}/benchmark_full.csv" in tar.getnames()
+
+
+# ----------------------------------------------------------------------------------------------- floor rule
+
+
+def test_a_time_below_the_floor_is_invalid_not_a_speedup(tmp_path):
+    """A fake result 10x faster than the copy-bandwidth floor is flagged invalid, enters no ratio, and the
+    analysis lists it; a time at the floor within the margin stays ok."""
+    floor_ms = 1.0
+    fast = {"config": "c", "impl": "fake", "phase": "forward", "status": "ok", "time_ms": "0.1",
+            "floor_ms": str(floor_ms), "floor_kind": "bandwidth"}
+    near = {**fast, "impl": "near", "time_ms": str(floor_ms / (FLOOR_MARGIN * 1.01))}
+    at_margin = {**fast, "impl": "edge", "time_ms": str(floor_ms / FLOOR_MARGIN * 1.001)}
+    assert "below the bandwidth floor 1 ms (10x)" in below_floor(fast)
+    assert below_floor(near) is not None and below_floor(at_margin) is None
+    flagged = flag_below_floor([fast, at_margin, {**fast, "status": "oom"}])
+    assert flagged[0]["status"].startswith("invalid: median 0.1 ms is below the bandwidth floor")
+    assert flagged[1]["status"] == "ok" and flagged[2]["status"] == "oom" and fast["status"] == "ok"
+    assert below_floor({**fast, "floor_ms": ""}) is None and below_floor({**fast, "time_ms": None}) is None
+    with pytest.raises(TypeError, match="row"):
+        below_floor(["not", "a", "row"])
+
+
+def test_the_committed_semicrf_backward_that_skips_its_recursion_is_invalid():
+    """The committed H200 run times the Triton route's ``backward`` phase, which only scales gradients saved by
+    the forward: its medians lie below the T-step sequential floor, and the rule flags them (the run's own
+    ``both`` rows, which do the work, stay ok)."""
+    csv_path = ROOT / "benchmarks" / "results" / "semicrf" / "nvidia-h200" / "benchmark_full.csv"
+    rows = read_results(csv_path)
+    invalid = {(r["config"], r["phase"]) for r in rows if r["impl"] == "triton" and r["status"].startswith("invalid")}
+    assert invalid and {phase for _, phase in invalid} == {"backward"}
+    for r in rows:
+        if r["impl"] == "triton" and r["phase"] == "both":
+            assert r["status"] == "ok", r
+
+
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def test_check_phase_records_verdicts_and_skips_gpu_checks_on_the_cpu(tmp_path, monkeypatch):
+    """``python -m benchmarks check``: each check's rows and verdict go to <family>/<device slug>/checks.json; a
+    failed row or an exception fails the phase (exit 1) without stopping the other checks; a check that needs
+    CUDA is recorded as skipped on the CPU."""
+    import dataclasses
+
+    def passing(out, device, budget_s):
+        out.record(True, {"case": "fine", "device": device.type})
+
+    def failing(out, device, budget_s):
+        out.record(True, {"case": "fine"})
+        out.record(False, {"case": "off by 1e-3"})
+
+    def raising(out, device, budget_s):
+        raise RuntimeError("kaput")
+
+    checks = (adapters.Check("passing", passing, cpu=True), adapters.Check("failing", failing, cpu=True),
+              adapters.Check("raising", raising, cpu=True), adapters.Check("gpu-only", passing))
+    fake = dataclasses.replace(adapters.load("sinkhorn"), checks=checks)
+    monkeypatch.setattr(adapters, "load", lambda family: fake)
+    assert main(["check", "--out", str(tmp_path), "--families", "sinkhorn"]) == 1
+    report = json.loads((common.run_dir(tmp_path, "sinkhorn", CPU) / "checks.json").read_text())
+    results = report["checks"]
+    assert results["passing"]["passed"] is True and results["passing"]["rows"] == [
+        {"case": "fine", "device": "cpu", "ok": True}]
+    assert results["failing"]["passed"] is False and [r["ok"] for r in results["failing"]["rows"]] == [True, False]
+    assert results["raising"] == {"passed": False, "status": "error: RuntimeError: kaput"}
+    assert results["gpu-only"] == {"passed": None, "status": "skipped: needs CUDA"}
+    assert report["device"]["type"] == "cpu" and report["smoke_only"] is True
+    assert main(["check", "--out", str(tmp_path), "--families", "sinkhorn", "--only", "passing"]) == 0
     with pytest.raises(SystemExit):
-        bench.parse_args(["--peers", "flash,nope"])
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--budget-s", "0", "--device", "cpu"])
-    if torch.cuda.is_available():
-        assert bench.parse_args([]).device.type == "cuda"
-    else:
-        with pytest.raises(SystemExit):
-            bench.parse_args(["--device", "cuda"])
+        main(["check", "--out", str(tmp_path), "--families", "nope"])
 
 
-def test_script_writes_csv_json_and_chart(tmp_path):
-    """The script end to end on the CPU (PyTorch route: the Triton interpreter is off in its environment)."""
-    require_peers()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "semicrf.py"), "--device", "cpu", "--shapes", "tiny",
-           "--out", str(tmp_path), "--target-s", "0.02", "--budget-s", "120"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "floors:" in done.stdout and "semi-CRF partition" in done.stdout
-
-    shapes = [s.label for s in bench.SHAPE_SETS["tiny"]]
-    impls = ["ours", "flash-semicrf", "torch-struct"]
-    with open(tmp_path / "semicrf.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert {(r["shape"], r["impl"], r["pass"]) for r in rows} == {
-        (s, i, p) for s in shapes for i in impls for p in bench.PASSES}
-    assert all(r["status"] == "ok" and float(r["time_ms"]) > 0 for r in rows)
-
-    report = json.loads((tmp_path / "semicrf.json").read_text())
-    assert report["settings"]["shapes"] == shapes and report["device"]["type"] == "cpu"
-    assert report["floors"]["copy_bytes_per_s"] > 0 and report["floors"]["step_s"] > 0
-    for row in report["rows"]:
-        assert row["ref_status"] == "ok" and row["floor_kind"] in ("bandwidth", "sequential")
-        assert row["logz_rel_err"] < 1e-6, row
-        if row["pass"] == "fwd+bwd":
-            assert row["grad_rel_err"] < 1e-5, row
-        if row["impl"] == "ours":
-            assert row["route"] == {"fwd": "semicrf.torch.log.infer", "fwd+bwd": "semicrf.torch.log.train"}[row["pass"]]
-            assert row["ratio"] == 1.0
-        else:
-            assert row["ratio"] > 0 and not math.isnan(row["ratio"])
-    assert len(report["ratios"]) == len(shapes) * 2 * len(bench.PASSES)
-    if importlib.util.find_spec("matplotlib") is not None:
-        assert report["chart"] == "semicrf_ratios.png" and (tmp_path / "semicrf_ratios.png").stat().st_size > 0
-    else:
-        assert report["chart"].startswith("no chart")
+def test_a_check_without_rows_does_not_pass():
+    evidence = adapters.Evidence()
+    assert evidence.passed is False
+    evidence.record(1, {"a": 1})
+    assert evidence.passed is True and evidence.rows == [{"a": 1, "ok": True}]
+    with pytest.raises(TypeError, match="row"):
+        evidence.record(True, "not a dict")

@@ -220,3 +220,25 @@ def test_speedup_over_the_peer_is_peer_time_over_our_time(tmp_path):
     analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", plots=False)
     csv_speedups = table(tmp_path / "plots" / "speedup_over_peer.csv")
     assert [float(r["speedup"]) for r in csv_speedups if r["speedup"]] == [0.5, 2.0, 2.0, 4.0]
+
+
+def with_fake_fast_row(path: Path) -> None:
+    """The synthetic CSV plus a 'torch' forward at T = 100 measured 0.05 ms against a 0.5 ms floor (10x below)."""
+    synthetic_csv(path)
+    rows = table(path)
+    fake = {**next(r for r in rows if r["impl"] == "triton" and r["phase"] == "forward" and r["T"] == "100"
+                   and r["semiring"] == "Log"), "impl": "torch", "time_ms": "0.05", "floor_kind": "bandwidth"}
+    write_csv(path, rows + [fake], columns(adapters.load("semicrf")))
+
+
+def test_a_result_below_the_floor_is_flagged_not_a_speedup(tmp_path):
+    with_fake_fast_row(tmp_path / "benchmark_full.csv")
+    analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "png", plots=False)
+    invalid = table(tmp_path / "plots" / "invalid_rows.csv")
+    assert [(r["impl"], r["phase"], r["config"]) for r in invalid] == [
+        ("torch", "forward", "B=4,T=100,K=8,C=3,semiring=Log")]
+    assert invalid[0]["status"].startswith("invalid: median 0.05 ms is below the bandwidth floor 0.5 ms (10x)")
+    assert not [r for r in table(tmp_path / "plots" / "baseline_ratios.csv") if r["impl"] == "torch"]
+    summary = {(r["impl"], r["phase"]): r for r in table(tmp_path / "plots" / "summary_stats.csv")}
+    assert summary[("torch", "forward")]["invalid"] == "1" and summary[("torch", "forward")]["ok"] == "0"
+    assert summary[("triton", "forward")]["invalid"] == "0"

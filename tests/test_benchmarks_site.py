@@ -12,13 +12,13 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import site  # noqa: E402
 from benchmarks.analysis import analyze  # noqa: E402
-from benchmarks.common import blob_id  # noqa: E402
+from benchmarks.common import RESULTS, blob_id  # noqa: E402
 
 SYNTHETIC = ROOT / "tests" / "test_benchmarks_analysis.py"
 
 
 def test_committed_pages_are_current():
-    stale = site.write_pages(site.RESULTS, check=True)
+    stale = site.write_pages(RESULTS, check=True)
     assert not stale, f"run `python -m benchmarks site` and commit: {stale}"
 
 
@@ -35,7 +35,7 @@ def make_results(tmp_path: Path, sources: dict) -> Path:
     sys.path.insert(0, str(SYNTHETIC.parent))
     from test_benchmarks_analysis import synthetic_csv
 
-    run = tmp_path / "results" / "semicrf"
+    run = tmp_path / "results" / "semicrf" / "test-gpu"
     run.mkdir(parents=True)
     synthetic_csv(run / "benchmark_full.csv")
     write_header(run, sources)
@@ -53,6 +53,7 @@ def test_page_shows_run_plots_and_table_and_marks_stale(tmp_path):
     text = (pages / "semicrf.md").read_text()
     assert "STALE" not in text and "Test GPU" in text and "`abc123`" in text and "2026-11-23" in text
     assert "| B=4,T=100,K=8,C=3,semiring=Log | forward | 2 ms | 1 ms (0.5x) |" in text
+    assert "## Test GPU" in text and "results/semicrf/test-gpu/` (CSV" in text
     images = [line for line in text.splitlines() if line.startswith("![")]
     assert len(images) >= 3
     for line in images:
@@ -62,7 +63,7 @@ def test_page_shows_run_plots_and_table_and_marks_stale(tmp_path):
     changed = dict(current)
     path = next(iter(changed))
     changed[path] = "0" * 40
-    write_header(results / "semicrf", changed)
+    write_header(results / "semicrf" / "test-gpu", changed)
     assert site.write_pages(results, check=True, pages=pages) == [str(pages / "semicrf.md")]
     site.write_pages(results, pages=pages)
     text = (pages / "semicrf.md").read_text()
@@ -78,3 +79,17 @@ def test_a_benchmark_goes_stale_with_the_runtime_not_the_verification_registrati
     kernel = "kernels/sinkhorn/triton_sinkhorn.py"
     assert kernel in header_sources
     assert site.staleness({"sources": {**header_sources, kernel: "0" * 40}}, "sinkhorn") == [kernel]
+
+
+def test_page_shows_a_result_below_the_floor_as_invalid(tmp_path):
+    from test_benchmarks_analysis import with_fake_fast_row
+
+    run = tmp_path / "results" / "semicrf" / "test-gpu"
+    run.mkdir(parents=True)
+    with_fake_fast_row(run / "benchmark_full.csv")
+    write_header(run, site.current_sources("semicrf"))
+    site.write_pages(tmp_path / "results", pages=tmp_path / "pages")
+    text = (tmp_path / "pages" / "semicrf.md").read_text()
+    assert "| B=4,T=100,K=8,C=3,semiring=Log | forward | 2 ms | 1 ms (0.5x) | invalid |" in text
+    assert "### Invalid: below the hardware floor" in text
+    assert "- B=4,T=100,K=8,C=3,semiring=Log `torch` forward: median 0.05 ms is below the bandwidth floor" in text

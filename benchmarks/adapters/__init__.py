@@ -1,6 +1,7 @@
 """What a family tells the benchmark runner (``benchmarks/runner.py``), which knows nothing family-specific.
 
-A family's adapter module (``benchmarks/adapters/<family>.py``) defines ``ADAPTER``, an ``Adapter`` with:
+Families are discovered by listing this package: every public module or subpackage ``benchmarks/adapters/<family>``
+is the adapter of the family ``<family>`` (no list to edit). It defines ``ADAPTER``, an ``Adapter`` with:
 
 - the grid: ``axes`` (name, default values, parser) and ``anchors``, the configurations run when no axis is given
   on the command line (the shapes the family's targets name); a configuration is a dict axis -> value;
@@ -14,7 +15,9 @@ A family's adapter module (``benchmarks/adapters/<family>.py``) defines ``ADAPTE
 - ``derived(config)``: extra columns (sizes the analysis plots against), ``size_column`` the work count that
   throughput divides by, ``plot_axes`` the x axes of the analysis plots;
 - ``order(config)``: configurations sharing compiled kernels sort next to each other, cheapest first;
-- ``overhead_shapes`` and ``peer``: what the public-call overhead report measures (``benchmarks/overhead.py``).
+- ``overhead_shapes`` and ``peer``: what the public-call overhead report and the kernel breakdown measure
+  (``benchmarks/overhead.py``);
+- ``checks``: the family's GPU checks beyond timing (``Check``, run by ``python -m benchmarks check``).
 
 Adapters import their family lazily (inside ``build`` and the implementations), so that this package and the
 analysis work where a family is not installed.
@@ -22,12 +25,12 @@ analysis work where a family is not installed.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 
-FAMILIES = ("semicrf", "sinkhorn", "segment")
 PHASES = ("forward", "backward", "both")
 
 
@@ -70,6 +73,43 @@ class Impl:
     peer_of: str = ""  # the distribution (versions are recorded in the header)
 
 
+class Evidence:
+    """The rows of one check, each with its verdict ``ok``: the check passes when it has rows and all are ok."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def record(self, ok: bool, row: dict) -> None:
+        if not isinstance(row, dict):
+            raise TypeError(f"row must be a dict, got {type(row).__name__}")
+        self.rows.append({**row, "ok": bool(ok)})
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r["ok"] for r in self.rows)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check of a family beyond timing (``python -m benchmarks check``): ``body(evidence, device, budget_s)``
+    records rows with their verdicts; ``cpu``: whether it means anything without CUDA (else it is skipped there).
+    Its requirement is stated in ``help`` and enforced by the rows' verdicts."""
+
+    name: str
+    body: Callable[[Evidence, torch.device, float], None]
+    help: str = ""
+    cpu: bool = False
+
+    def run(self, device: torch.device, budget_s: float) -> dict:
+        """``{"passed", "seconds", "help", "rows"}`` (exceptions propagate: the caller records them)."""
+        import time
+
+        evidence, start = Evidence(), time.perf_counter()
+        self.body(evidence, torch.device(device), budget_s)
+        return {"passed": evidence.passed, "seconds": time.perf_counter() - start, "help": self.help,
+                "rows": evidence.rows}
+
+
 @dataclass
 class Adapter:
     name: str
@@ -97,6 +137,7 @@ class Adapter:
     overhead_shapes: tuple[dict, ...] = ()
     peer: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    checks: tuple[Check, ...] = ()
 
     def impl(self, name: str) -> Impl:
         for impl in self.impls:
@@ -108,11 +149,20 @@ class Adapter:
         return ",".join(f"{a.name}={config[a.name]}" for a in self.axes)
 
 
+def families() -> tuple[str, ...]:
+    """Every family with an adapter: the public modules and subpackages of this package, sorted by name."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
+
 def load(family: str) -> Adapter:
-    """The adapter of ``family`` (one of FAMILIES)."""
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    return importlib.import_module(f"benchmarks.adapters.{family}").ADAPTER
+    """The adapter of ``family`` (one of ``families()``)."""
+    known = families()
+    if family not in known:
+        raise ValueError(f"family must be one of {known}, got {family!r}")
+    adapter = importlib.import_module(f"{__name__}.{family}").ADAPTER
+    if adapter.name != family:
+        raise ValueError(f"benchmarks/adapters/{family}: ADAPTER.name is {adapter.name!r}, not the module's name")
+    return adapter
 
 
 def needs_cuda(device: torch.device) -> Optional[str]:

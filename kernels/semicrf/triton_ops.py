@@ -24,7 +24,7 @@ transitions' reduction over the previous label, the kept alpha values) is float6
 was O(1) only for moderate scores, and the exponent of a marginal, a sum of float32 terms as large as the scores,
 lost ~1e-7 x |scores| absolutely (norm-wise gradient error 4.5e-4 at score scale 1e4, 5e-2 at 1e6). With
 float64 the error no longer grows with the magnitude (tests/test_semicrf_training.py; the accuracy-vs-scale table
-of benchmarks/gpu_semicrf_training.py): gradients within 1e-4 norm-wise relative and logZ within 1e-6 relative of
+of the semi-CRF `precision` check): gradients within 1e-4 norm-wise relative and logZ within 1e-6 relative of
 a float64 run for scores, transitions and duration biases up to 1e4 and, as measured, beyond (1e6); float32
 remains only in the inference chain and in the gradients' output dtype. Requirement: at T = 100,000, logZ within
 1e-6 relative of a float64 computation and gradients within 1e-4 norm-wise relative. float64 inputs run in
