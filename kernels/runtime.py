@@ -10,9 +10,9 @@ and two functions:
   kernels and cost nothing here).
 
 The first call of a *signature* (:func:`signature`: each tensor argument's dtype, device, shape, strides and
-``requires_grad``, each other argument's type and value, the grad mode and whether Triton's interpreter is on;
-``check`` reads no tensor's values, except 0-d tensors standing for numbers, which the cache does not cover)
-runs ``check``, builds the call, selects the route (its conditions decide on metadata only) and lets the route
+``requires_grad``, each other argument's type and value, the grad mode and, with CPU tensors, whether Triton's
+interpreter is on; ``check`` reads no tensor's values, except 0-d tensors standing for numbers, which the cache
+does not cover) runs ``check``, builds the call, selects the route (its conditions decide on metadata only) and lets the route
 prepare a runner for that signature (:attr:`Route.prepare <provable_kernels.dispatch.Route>`: the plan, launch
 options and compiled kernel looked up once). A repeat call is a dictionary lookup, ``make_call`` and the runner.
 Calls the cache does not cover (under ``torch.compile``, export, ``torch.func`` transforms, fake or meta tensors,
@@ -37,17 +37,21 @@ def signature(args: tuple) -> Optional[tuple]:
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active() \
             or _get_current_dispatch_mode() is not None:
         return None
-    key: list = [torch.is_grad_enabled(), interpreter_enabled()]
+    key: list = [torch.is_grad_enabled()]
+    on_cpu = False
     for a in args:
         kind = type(a)
         if kind in _PLAIN_TENSORS:
             if a.is_meta or not a.dim():  # a 0-d tensor may stand for a number (iters=torch.tensor(5)): its value
                 return None                # would have to be in the key
             key.append((a.dtype, a.device, a.shape, a.stride(), a.requires_grad))
+            on_cpu = on_cpu or not a.is_cuda
         elif kind in _PLAIN_VALUES:
             key.append((kind, a))
         else:
             return None
+    if on_cpu:  # the interpreter decides the backend of CPU tensors (reading the environment costs host time)
+        key.append(interpreter_enabled())
     return tuple(key)
 
 
