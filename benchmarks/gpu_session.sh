@@ -15,7 +15,8 @@
 # at most 8 files), the layout of benchmarks/results/ (the latest run per family and device): back here,
 # `tar xzf <phase>.tar.gz -C benchmarks/results/`, then `python -m benchmarks site`, and commit both.
 # Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 180, BENCH_BUDGET 130 (seconds per
-# family: bench), CHECK_BUDGET 150 (seconds per family: check), BREAKDOWN_BUDGET 120 (seconds per family).
+# family: bench), CHECK_BUDGET 150 (seconds per family: check; checks that do not fit are recorded as skipped:
+# split the phase over calls with CHECK_ONLY=name,name and FAMILIES), BREAKDOWN_BUDGET 120 (seconds per family).
 # verify with VERIFY_ROUTES (space-separated globs, e.g. '<family>.triton.*') records that part only: it joins the
 # family's saved record of the same sources (copy the earlier part into traces/verification/ first). With
 # VERIFY_EXTRAS=1, verify also runs the GPU tests (GPU_TESTS; default: tests/test_gpu_call_path.py and each
@@ -108,7 +109,8 @@ else
                  --families "$csv" --out /tmp/breakdown --budget-s "$BREAKDOWN_BUDGET" \
                  --archive "$OUT/breakdown.tar.gz" ;;
     check) step check timeout $(( nfam * (CHECK_BUDGET + 30) )) python3 -m benchmarks check --families "$csv" \
-             --out /tmp/check --budget-s "$CHECK_BUDGET" --archive "$OUT/check.tar.gz" ;;
+             --out /tmp/check --budget-s "$CHECK_BUDGET" ${CHECK_ONLY:+--only "$CHECK_ONLY"} \
+             --archive "$OUT/check.tar.gz" ;;
   esac
 fi
 

@@ -293,3 +293,14 @@ def test_a_check_without_rows_does_not_pass():
     assert evidence.passed is True and evidence.rows == [{"a": 1, "ok": True}]
     with pytest.raises(TypeError, match="row"):
         evidence.record(True, "not a dict")
+
+
+def test_a_ported_gpu_check_runs_under_the_interpreter():
+    """The semi-CRF ``mixed`` check (moved from the earlier training script) on the CPU, Triton kernels
+    interpreted: bf16/fp16/fp32 arguments give a float32 logZ equal to the float32 run and per-argument gradient
+    dtypes. (On a GPU, ``python -m benchmarks check`` runs it with the others.)"""
+    mixed = next(c for c in adapters.load("semicrf").checks if c.name == "mixed")
+    result = mixed.run(CPU, 60)
+    assert result["passed"] is True, result
+    assert result["rows"][0]["grad_dtypes"] == ["torch.bfloat16", "torch.float16", "torch.float32", "torch.bfloat16",
+                                                "torch.float16"]
