@@ -58,7 +58,7 @@ class Op:
             self.function = _function(name, impl, setup_context, backward, self.returns_list)
 
     def __call__(self, *args: Any) -> Any:
-        if not plain_eager(args[0]):  # verify: unreached (compile, export, fake tensors, torch.func; tests)
+        if not plain_eager(args[0]):  # compile, export, fake tensors, torch.func, verify's opcheck
             return self.custom_op(*args)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             if self.function is None:  # e.g. the semi-CRF Viterbi op under max.train: its outputs get no gradient

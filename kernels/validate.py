@@ -249,8 +249,7 @@ def host_reads_allowed(x: torch.Tensor, *, at_sync_point: bool = False) -> bool:
         return False
     if symbolic(x):  # verify: unreached (meta/fake tensors, torch.func transforms; tests)
         return False
-    # verify: unreached (CUDA-graph capture; GPU script)
-    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())  # capture: the GPU script
 
 
 def poison(ok: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -38,12 +38,14 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import contextlib
 import dataclasses
 import fnmatch
 import json
 import os
 import queue
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -246,6 +248,18 @@ def find_mutants(text: str, file: str) -> list[Mutant]:
 # --------------------------------------------------------------------------------------------- equivalents
 
 
+def plant(text: str, pattern: str, old: str, new: str) -> str:
+    """``text`` with ``old`` replaced by ``new`` inside the one match of the regular expression ``pattern`` (a
+    hand-written planted bug); ``ValueError`` when ``pattern`` does not match exactly once or its match lacks
+    ``old`` (the code it plants into has changed)."""
+    found = list(re.finditer(pattern, text))
+    if len(found) != 1 or old not in found[0].group(0):
+        raise ValueError(f"pattern {pattern!r} matches {len(found)} places (one holding {old!r} expected): the code "
+                         f"the bug is planted into has changed")
+    start, end = found[0].span()
+    return text[:start] + found[0].group(0).replace(old, new, 1) + text[end:]
+
+
 def load_equivalents(path: Path) -> dict[tuple[str, str, str], str]:
     """``{(file, before, after): reason}`` from a reviewed equivalent-mutant file (empty when absent); every entry
     needs a non-empty reason."""
@@ -320,6 +334,17 @@ class Scratch:
             return -1, "the fork server exited", False
         reply = json.loads(line)
         return reply["code"], reply["last"], reply["timed_out"]
+
+    @contextlib.contextmanager
+    def planted(self, file: str, pattern: str, old: str, new: str) -> Iterator[None]:
+        """Inside the block, ``file`` (repo-relative) of the scratch copy holds the bug :func:`plant` makes."""
+        path = self.dir / file
+        original = path.read_text()
+        path.write_text(plant(original, pattern, old, new))
+        try:
+            yield
+        finally:
+            path.write_text(original)
 
     def remove(self) -> None:
         if self._server is not None:

@@ -40,6 +40,29 @@ def with_zero_row(rest: torch.Tensor) -> torch.Tensor:
     return torch.cat([rest.new_zeros(rest.shape[0], 1, rest.shape[2]), rest], 1)
 
 
+def brute_force_partition(cum_scores, transition, duration_bias, lengths, K: int, semiring: str = "log",
+                          proj_start=None, proj_end=None) -> torch.Tensor:
+    """logZ or the best score (B,) float64: every segmentation of ``oracle.segmentations`` scored by torch indexing
+    from the convention, then logsumexp / max (``oracle.REDUCE``); differentiable by autograd (for max, at the best
+    segmentation). Tiny sizes only. A reference of the tests (``sentinel verify`` enumerates with
+    ``oracle.all_scores``)."""
+    cum, trans, dur = (x.to(torch.float64) for x in (cum_scores, transition, duration_bias))
+    zeros = cum.new_zeros(cum.shape[0], cum.shape[1] - 1, cum.shape[2])
+    ps, pe = (zeros if x is None else x.to(torch.float64) for x in (proj_start, proj_end))
+    out = []
+    for b, L in enumerate(torch.as_tensor(lengths).tolist()):
+        ys = oracle.segmentations(L, K, cum.shape[2])
+        rows = [(i, s, d, c, prev) for i, y in enumerate(ys)
+                for (s, d, c), prev in zip(y, (-1,) + tuple(c for _, _, c in y[:-1]))]
+        i, s, d, c, prev = (torch.tensor(col, device=cum.device) for col in zip(*rows))
+        score = cum[b, s + d, c] - cum[b, s, c] + dur[d - 1, c] + ps[b, s, c] + pe[b, s + d - 1, c]
+        paid = (trans if trans.dim() == 3 else trans.expand(K, -1, -1))[d - 1, prev.clamp(min=0), c]
+        score = score + torch.where(prev >= 0, paid, torch.zeros_like(paid))  # the first segment pays none
+        totals = score.new_zeros(len(ys)).index_add(0, i, score)
+        out.append(oracle.REDUCE[semiring](totals, 0))
+    return torch.stack(out)
+
+
 def ask_speed(call: dict) -> str:
     """``fast`` when the caller asks for it, else ``slow``."""
     return "fast" if call["fast"] else "slow"
@@ -189,8 +212,8 @@ class SemiCRFCase:
         return oracle.naive_partition(*self._arguments(), semiring, self.proj_start, self.proj_end)
 
     def brute_force(self, semiring: str = "log") -> torch.Tensor:
-        """The oracle's float64 enumeration of every segmentation, differentiable by autograd."""
-        return oracle.brute_force_partition(*self._arguments(), semiring, self.proj_start, self.proj_end)
+        """The float64 enumeration of every segmentation (:func:`brute_force_partition`), differentiable."""
+        return brute_force_partition(*self._arguments(), semiring, self.proj_start, self.proj_end)
 
     def oracle_scores(self):
         """``oracle.all_scores``: every segmentation with its score, plain Python float64."""

@@ -24,7 +24,9 @@ SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
-NEW_CHECKS = ("observed", "batch")  # after the generic checks: kernel observed (n/a for the toy), batch invariance
+# after the generic checks: kernel observed, batch invariance, memory, opcheck (the toy has no Triton kernel and no
+# custom op: observed, memory and opcheck pass as not applicable)
+NEW_CHECKS = ("observed", "batch", "memory", "opcheck")
 
 
 def statuses(result) -> dict[str, str]:

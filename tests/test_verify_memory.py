@@ -118,7 +118,8 @@ def test_views_of_one_storage_share_one_copy():
 
 # ------------------------------------------------------------------------------------------ planted bugs
 
-# (family, file, pattern of the line, the text replaced, its replacement, routes): each must fail ``memory``.
+# (family, file, pattern of the line, the text replaced, its replacement, routes): each must fail ``memory``
+# (:func:`kernel_sentinel.mutate.plant` says clearly when the line is no longer there).
 PLANTED = {
     "segment backward reads ids one row past the tile's last row": (
         "segment", "kernels/segment/triton_segment.py", r"tl\.load\(ids_ptr \+ rows, mask=rows <= last_row\b",
@@ -130,17 +131,6 @@ PLANTED = {
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"mask=\(b < B\) & \(i < N\) & \(j < N\)\)\n",
         "b < B", "b <= B", ["sinkhorn.triton.prob.train"]),
 }
-
-
-def plant(text: str, pattern: str, old: str, new: str) -> str:
-    """``text`` with ``old`` replaced by ``new`` inside the one match of ``pattern``; a clear error when the code it
-    plants into has changed."""
-    found = list(re.finditer(pattern, text))
-    if len(found) != 1:
-        raise AssertionError(f"the planted bug's line ({pattern!r}) matches {len(found)} places: the kernel changed; "
-                             f"update PLANTED in {__name__}")
-    start, end = found[0].span()
-    return text[:start] + found[0].group(0).replace(old, new, 1) + text[end:]
 
 
 @pytest.fixture(scope="module")
@@ -160,13 +150,8 @@ def test_the_unmutated_sources_pass_memory(scratch):
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_out_of_bounds_access_fails_memory(scratch, name):
     family, file, pattern, old, new, routes = PLANTED[name]
-    path = scratch.dir / file
-    original = path.read_text()
-    path.write_text(plant(original, pattern, old, new))
-    try:
+    with scratch.planted(file, pattern, old, new):
         code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["memory"])
-    finally:
-        path.write_text(original)
     assert code == 1, last
     assert re.match(rf"{re.escape(routes[0])} \w+ memory: \w+ program \(\d+, \d+, \d+\): (load|store) of \d+ bytes, "
                     r"\d+ lanes outside every tensor argument", last), last

@@ -65,7 +65,7 @@ def _module(backend: str):
     return BACKENDS[backend]
 
 
-def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:  # verify: unreached (fake tensors only)
+def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:
     B, T1, C = cum.shape
     return B, T1 - 1, C, min(K, T1 - 1)
 
@@ -73,13 +73,12 @@ def _sizes(cum: Tensor, K: int) -> tuple[int, int, int, int]:  # verify: unreach
 # ----------------------------------------------------------------------------------------------------- ops
 
 
-# verify: unreached (the op's own body: plain eager calls run the backend directly; compile, fake tensors, opcheck)
 def _partition_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
                     pe: Optional[Tensor], K: int, semiring: str, backend: str) -> Tensor:
     return _module(backend).partition(_call(backend, cum, trans, dur, lengths, ps, pe, K, semiring))
 
 
-def _partition_fake(cum, trans, dur, lengths, ps, pe, K, semiring, backend):  # verify: unreached (fake tensors only)
+def _partition_fake(cum, trans, dur, lengths, ps, pe, K, semiring, backend):
     return cum.new_empty(cum.shape[0])
 
 
@@ -92,7 +91,7 @@ def _log_forward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, 
     return list(triton_ops.train_forward(call))  # logZ, saved: the unit gradients, computed now (module docstring)
 
 
-def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
+def _log_forward_fake(cum, trans, dur, lengths, ps, pe, K, backend):
     B, T, C, k = _sizes(cum, K)
     logZ = cum.new_empty(B)
     if backend == "torch":
@@ -111,7 +110,7 @@ def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor,
     return [g for g in grads if g is not None]
 
 
-def _log_backward_fake(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):  # verify: unreached (fake only)
+def _log_backward_fake(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):
     return [torch.empty_like(x) for x in (cum, trans, dur, ps, pe) if x is not None]
 
 
@@ -121,7 +120,7 @@ def _viterbi_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: 
     return path.scores, path.durations, path.labels
 
 
-def _viterbi_fake(cum, trans, dur, lengths, ps, pe, K, backend):  # verify: unreached (fake tensors only)
+def _viterbi_fake(cum, trans, dur, lengths, ps, pe, K, backend):
     B, T = cum.shape[0], cum.shape[1] - 1
     return cum.new_empty(B), cum.new_empty(B, T, dtype=torch.int64), cum.new_empty(B, T, dtype=torch.int64)
 
@@ -177,7 +176,7 @@ def partition(backend: str, call: StreamingCall) -> Tensor:
     so a plain eager call runs the backend directly, as the op itself would, without its host time)."""
     if plain_eager(call.cum_scores):
         return _module(backend).partition(call)
-    return _partition_op(*_args(call), call.semiring, backend)  # verify: unreached (compile, fake tensors; tests)
+    return _partition_op(*_args(call), call.semiring, backend)  # compile, fake tensors, verify's opcheck
 
 
 def log_partition(backend: str, call: StreamingCall) -> Tensor:

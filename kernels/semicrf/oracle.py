@@ -11,12 +11,12 @@ every recursion of the library:
 
 A segmentation is a tuple of ``(start, duration, label)``. Keep L, K, C tiny: the count grows like (C K)^L.
 
-Two differentiable float64 references in torch, also independent of the routes, for larger problems and for
-gradients by autograd:
+A differentiable float64 reference in torch, also independent of the routes, for larger problems and for
+gradients by autograd: :func:`naive_partition`, the plain alpha recursion keeping every alpha (no ring buffer,
+no checkpoints, no hand-written backward), O(T K) Python steps.
 
-- :func:`brute_force_partition`: every segmentation scored with torch indexing, then logsumexp / max (tiny only).
-- :func:`naive_partition`: the plain alpha recursion keeping every alpha (no ring buffer, no checkpoints, no
-  hand-written backward), O(T K) Python steps.
+Every function here serves ``sentinel verify`` (the family's references and oracles); references only the tests
+use live in the tests.
 """
 from __future__ import annotations
 
@@ -178,39 +178,6 @@ def entropy(scored) -> list[float]:
     return out
 
 
-def cross_entropy(scored_p, scored_q) -> list[float]:
-    """H(p, q) = -sum_y p(y) log q(y) per batch element (both lists enumerate the same segmentations)."""
-    out = []
-    for items_p, items_q in zip(scored_p, scored_q):
-        p, q = probabilities(items_p), probabilities(items_q)
-        out.append(-sum(pi * math.log(qi) for pi, qi in zip(p, q) if pi > 0))
-    return out
-
-
-def kl_divergence(scored_p, scored_q) -> list[float]:
-    """KL(p || q) = sum_y p(y) (log p(y) - log q(y)) per batch element."""
-    out = []
-    for items_p, items_q in zip(scored_p, scored_q):
-        p, q = probabilities(items_p), probabilities(items_q)
-        out.append(sum(pi * (math.log(pi) - math.log(qi)) for pi, qi in zip(p, q) if pi > 0))
-    return out
-
-
-def count(length: int, K: int, C: int) -> int:
-    """Number of labeled segmentations of [0, length)."""
-    return len(segmentations(length, K, C))
-
-
-def segment_marginals(scored, T: int, K: int, C: int) -> torch.Tensor:
-    """P(segment (s, d, c) is in y), as a (B, T, K, C) float64 tensor indexed [b, s, d-1, c]."""
-    out = torch.zeros(len(scored), T, K, C, dtype=torch.float64)
-    for b, items in enumerate(scored):
-        for (y, _), p in zip(items, probabilities(items)):
-            for s, d, c in y:
-                out[b, s, d - 1, c] += p
-    return out
-
-
 # ------------------------------------------------------------------------------ differentiable torch references
 
 
@@ -250,25 +217,6 @@ def naive_partition(cum_scores, transition, duration_bias, lengths, K: int, semi
             terms.append(term)
         alpha.append(reduce(torch.stack(terms), 0))
     return torch.stack([reduce(alpha[int(L)][b], 0) for b, L in enumerate(torch.as_tensor(lengths).tolist())])
-
-
-def brute_force_partition(cum_scores, transition, duration_bias, lengths, K: int, semiring: str = "log",
-                          proj_start=None, proj_end=None) -> torch.Tensor:
-    """logZ or the best score (B,) float64: every segmentation of :func:`segmentations` scored by torch indexing
-    from the convention, then logsumexp / max; differentiable by autograd (for max, at the best segmentation)."""
-    cum, trans, dur, ps, pe = _float64_inputs(cum_scores, transition, duration_bias, proj_start, proj_end)
-    out = []
-    for b, L in enumerate(torch.as_tensor(lengths).tolist()):
-        ys = segmentations(L, K, cum.shape[2])
-        rows = [(i, s, d, c, prev) for i, y in enumerate(ys)
-                for (s, d, c), prev in zip(y, (-1,) + tuple(c for _, _, c in y[:-1]))]
-        i, s, d, c, prev = (torch.tensor(col, device=cum.device) for col in zip(*rows))
-        score = cum[b, s + d, c] - cum[b, s, c] + dur[d - 1, c] + ps[b, s, c] + pe[b, s + d - 1, c]
-        paid = (trans if trans.dim() == 3 else trans.expand(K, -1, -1))[d - 1, prev.clamp(min=0), c]
-        score = score + torch.where(prev >= 0, paid, torch.zeros_like(paid))  # the first segment pays none
-        totals = score.new_zeros(len(ys)).index_add(0, i, score)
-        out.append(REDUCE[semiring](totals, 0))
-    return torch.stack(out)
 
 
 # ---------------------------------------------------------------------- gradients, paths, linear chain

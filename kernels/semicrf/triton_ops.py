@@ -180,7 +180,6 @@ def unit_shapes(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, ha
     return [(B, T + 1, C), (B, shared)] + [(B, T, C)] * (has_ps + has_pe)
 
 
-# verify: unreached (fake tensors only: the training op's fake implementation; tests/test_semicrf_training.py)
 def saved_numel(B: int, T: int, C: int, K: int, trans_3d: bool, has_ps: bool, has_pe: bool) -> int:
     """Elements of :func:`train_forward`'s ``saved`` (sizes may be symbolic: fake tensors)."""
     return _pack(tuple(unit_shapes(B, T, C, K, trans_3d, has_ps, has_pe)), 8)[0]
