@@ -1,7 +1,7 @@
 """``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
 
 For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
-selects some), thirteen checks run and are reported separately, one row per route and dtype:
+selects some), fifteen checks run and are reported separately, one row per route and dtype:
 
 - ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
   route id (a mis-dispatched or unreachable route fails; nothing is skipped).
@@ -26,6 +26,13 @@ asserts) is tested by the host-sync policy tests.
 - ``batch`` (:mod:`kernel_sentinel.invariance`, at the ``tiny`` size): an item (``Family.batch_items``: a
   sequence, a matrix, a segment) gives bitwise the same outputs and gradients alone and first, middle and last in
   a batch with other random items.
+- ``memory`` (:mod:`kernel_sentinel.memory`, CPU, at the ``tiny`` and ``small`` sizes): every load and store of
+  every Triton launch, under the interpreter, lies inside the launch's tensor arguments (each one copied between
+  canary-filled guard regions, which must stay intact); a masked read past the end fails though its value never
+  shows. On CUDA it does not run (the kernels run compiled): ``--sanitize``'s ``memcheck`` is its counterpart.
+- ``opcheck`` (:mod:`kernel_sentinel.opcheck`, at the ``tiny`` size): every custom op the route calls passes
+  ``torch.library.opcheck`` (schema, autograd registration, fake implementation, AOT autograd with dynamic
+  shapes) at the route's own arguments: what ``torch.compile`` runs instead of the eager fast path.
 
 ``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
 (:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's
@@ -66,7 +73,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import console, report, sanitize
+from kernel_sentinel import console, memory, opcheck, report, sanitize
 from provable_kernels.validate import value_checks
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
@@ -77,6 +84,7 @@ from kernel_sentinel.observed import observe
 from kernel_sentinel.records import CheckResult, RouteResult
 
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS + ("observed", "batch")
+CHECKS += ("memory", "opcheck")
 GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
 AUTO_JOBS, AUTO_MIN_UNITS = 8, 24  # --jobs auto: at most this many processes, from this many units of work
@@ -342,6 +350,17 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
     return check
 
 
+def check_memory(run: RouteRun, repro: str) -> CheckResult:
+    sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device)
+    return _summarized("memory", verdict.problems, verdict.summary, (), repro)
+
+
+def check_opcheck(run: RouteRun, repro: str) -> CheckResult:
+    verdict = opcheck.verdict(run.family, run.case("tiny"))
+    return _summarized("opcheck", verdict.problems, verdict.summary, (), repro)
+
+
 def check_observed(run: RouteRun, repro: str) -> CheckResult:
     size = run.options.size("small")
     verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed)
@@ -364,6 +383,8 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     **{name: generic_check(name) for name in GENERIC_CHECKS},
     "observed": check_observed,
     "batch": check_batch,
+    "memory": check_memory,
+    "opcheck": check_opcheck,
 }
 
 
