@@ -14,7 +14,8 @@ from provable_kernels.segment import oracle, segment_max_backward, segment_min_b
 from provable_kernels.segment.autograd import segment_backward, segment_forward
 
 REPO = Path(__file__).resolve().parent.parent
-LENGTHS = {"one_block": [3, 0, 5, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}  # blocked: segments over 16-row chunks
+# under the interpreter segments of more than 8 rows are long (chunks of 16 or 32 rows); one_block: N <= 8 rows
+LENGTHS = {"one_block": [3, 0, 1, 4], "blocked": [3, 0, 25, 0, 1, 17, 0]}
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
@@ -60,11 +61,11 @@ def test_triton_matches_oracle(reduce, form, regime):
                                atol=1e-6)
 
 
-CHUNKED = {  # lengths that take the chunk plan's other shapes under the interpreter (16-row chunks, 8-row tiles)
-    "one long segment: 7 chunks, 8 combine lanes": [100],
-    "very short segments: 1 lane x 8 chunks per program": [3, 0, 4, 2, 5, 1, 0, 3, 6, 2],
-    "short segments: 4 (sum) or 2 (max) lanes x 2 or 4 chunks per program": [13, 0, 16, 20, 15, 9, 0, 22, 17, 16],
-    "mixed: 5 chunks, 2 combine lanes over several steps": [40, 0, 3, 70, 1],
+CHUNKED = {  # lengths that take the other shapes of the interpreter's sizes (8-row tiles, 2 lanes per short segment)
+    "one long segment: 7 chunks of 32 rows, two combine steps of 4 lanes": [200],
+    "short segments: 4 per program, several steps": [3, 0, 4, 2, 5, 1, 0, 3, 6, 2],
+    "long segments of one or two 16-row chunks": [13, 0, 16, 20, 15, 9, 0, 22, 17, 16],
+    "mixed: short and long of two and three 32-row chunks": [40, 0, 3, 70, 1],
 }
 
 
@@ -203,12 +204,16 @@ def test_trailing_dims_strided_x_and_repeatability():
 def test_custom_ops_pass_opcheck():
     x, offsets, ids = problem(LENGTHS["blocked"], D=2)
     upstream = torch.randn(offsets.numel() - 1, 2)
+    S = offsets.numel() - 1
     for reduce in ("sum", "max"):
-        for index in (None, ids):
-            leaf = x.clone().requires_grad_()
-            torch.library.opcheck(segment_forward.custom_op, (leaf, offsets, index, reduce, 0.0, True))
-            _, arg = segment_forward(x, offsets, index, reduce, 0.0, True)
-            torch.library.opcheck(segment_backward.custom_op, (upstream, offsets, index, arg, reduce, x.shape[0]))
+        for given, index in ((offsets, None), (None, ids)):
+            for host_checked in (True, False):
+                leaf = x.clone().requires_grad_()
+                args = (leaf, given, index, S, reduce, 0.0, True, host_checked)
+                torch.library.opcheck(segment_forward.custom_op, args)
+            _, arg, csr = segment_forward(x, given, index, S, reduce, 0.0, True, True)
+            csr = offsets if given is not None else csr
+            torch.library.opcheck(segment_backward.custom_op, (upstream, csr, index, arg, reduce, x.shape[0]))
 
 
 BAD = [
@@ -228,6 +233,7 @@ BAD = [
     ("ids", TypeError, lambda x, o, i: dict(x=x, reduce="sum", ids=i.to(torch.int16))),
     ("num_segments", ValueError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, num_segments=7)),
     ("empty", TypeError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, empty="zero")),
+    ("empty", ValueError, lambda x, o, i: dict(x=x.double(), reduce="sum", offsets=o, empty=1e-300)),
     ("use_triton", TypeError, lambda x, o, i: dict(x=x, reduce="sum", offsets=o, use_triton=1)),
 ]
 
@@ -258,18 +264,36 @@ def test_guide_example_runs():
 
 @pytest.mark.parametrize("use_triton", [True, False])
 def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
-    """With value checks on the device (the CUDA default), bad indices are replaced by valid ones and the outputs
-    are NaN: never a silent number, never an out-of-bounds access."""
+    """With value checks on the device (the CUDA default), a bad index never becomes a silent number and is never
+    read out of bounds. The PyTorch backend swaps it for a valid one and every output is NaN; the Triton kernels
+    check it themselves: the segments whose bounds (or rows' ids) are wrong are NaN, every segment when the offsets
+    do not run from 0 to N, and the rows outside their segment get NaN gradients."""
     from provable_kernels import validate
 
     x = torch.randn(6, 2)
-    bad = [dict(ids=torch.tensor([0, 0, 5, 1, 1, 1]), num_segments=3), dict(offsets=torch.tensor([0, 4, 2, 6])),
-           dict(offsets=torch.tensor([1, 2, 2, 9]))]
+    bad = [  # (index, segments NaN on the Triton path)
+        (dict(ids=torch.tensor([0, 0, 5, 1, 1, 1]), num_segments=3), [1]),  # id 5 inside segment 1's rows
+        (dict(ids=torch.tensor([0, 0, 2, 1, 1, 1]), num_segments=3), [1]),  # unsorted
+        (dict(ids=torch.tensor([-1, 0, 0, 1, 1, 1]), num_segments=3), [0, 1, 2]),  # offsets start past 0
+        (dict(offsets=torch.tensor([0, 4, 2, 6])), [1]),
+        (dict(offsets=torch.tensor([0, 9, 3, 6])), [0, 1]),  # past N
+        (dict(offsets=torch.tensor([1, 2, 2, 9])), [0, 1, 2]),
+        (dict(offsets=torch.tensor([0, 2, 2, 5])), [0, 1, 2]),  # ends before N
+    ]
     with validate.value_checks("device"):
-        for kwargs in bad:
+        for kwargs, spoiled in bad:
             for reduce in ("sum", "max"):
-                assert torch.isnan(segment_reduce(x, reduce, use_triton=use_triton, **kwargs)).all()
+                out = segment_reduce(x, reduce, use_triton=use_triton, **kwargs)
+                nan = torch.isnan(out).all(1)
+                if use_triton:
+                    assert nan.nonzero().flatten().tolist() == spoiled, (kwargs, reduce)
+                    assert not torch.isnan(out[~nan]).any()
+                else:
+                    assert nan.all()
         grad = segment_max_backward(torch.ones(3, 2), x, offsets=torch.tensor([0, 4, 2, 9]), use_triton=use_triton)
         assert torch.isnan(grad).any()
+        leaf = x.clone().requires_grad_()
+        segment_reduce(leaf, "sum", offsets=torch.tensor([0, 4, 2, 6]), use_triton=use_triton).sum().backward()
+        assert torch.isnan(leaf.grad).any()
         good = segment_reduce(x, "sum", offsets=torch.tensor([0, 2, 2, 6]), use_triton=use_triton)
     torch.testing.assert_close(good.double(), oracle.segment_reduce(x, "sum", [0, 2, 2, 6]), rtol=1e-6, atol=1e-6)

@@ -7,14 +7,17 @@ Conventions (one, everywhere):
 - Exactly one index form: CSR ``offsets`` (S+1,) int32 / int64 with ``offsets[0] = 0``, ``offsets[-1] = N``,
   non-decreasing; or sorted ``ids`` (N,) int32 / int64 with values in [0, num_segments). Without
   ``num_segments`` the ids form reads S = ids[-1] + 1 from the device: one extra host sync.
-- Value checks (sortedness, ranges, offsets ending at N) run as one batch of device reductions
-  (:class:`provable_kernels.validate.DataChecks`). Host mode (CPU tensors, or ``value_checks("sync")``): one
-  host read, and a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
-  default, torch.compile, CUDA-graph capture): no host read; a failed check swaps the index for a valid one (one
-  elementwise pass, every row in one segment) so that no kernel reads or writes out of bounds, and the fused flag
-  turns the outputs (the adjoints' upstream gradient) into NaN when a check failed: a bad index is never a silent
-  number.
-- ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``).
+- Value checks (offsets from 0 to N and non-decreasing; ids in [0, num_segments) and sorted). Host mode (CPU
+  tensors, or ``value_checks("sync")``): one batch of device reductions (:class:`provable_kernels.validate.DataChecks`)
+  and one host read; a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
+  default, torch.compile, CUDA-graph capture): nothing is read on the host. Where the Triton kernels run they check
+  the index themselves (no launch of its own; ``triton_segment`` module doc): nothing is read out of bounds, a segment
+  with bad bounds is NaN (every segment when the offsets do not run from 0 to N), and so is a segment holding a row
+  with another id (ids form). The PyTorch backend queues the checks as device reductions, swaps a failed index for a
+  valid one (every row in one segment) and turns all outputs (the adjoints' upstream gradient) into NaN. A bad index
+  is never a silent number.
+- ``csr`` is the CSR offsets of either form (derived on the device from ``ids`` with ``searchsorted``) for the
+  PyTorch backend; the Triton kernels build it from ``ids`` themselves (``csr`` is then None).
 """
 from __future__ import annotations
 
@@ -26,10 +29,19 @@ from typing import Optional
 import torch
 
 from provable_kernels import validate
+from provable_kernels.dispatch import triton_usable
+from provable_kernels.launch import FLOAT32_MAX, FLOAT32_TINY
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 X_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
+
+
+def runs_triton(use_triton: bool, device: torch.device, rows: int, num_segments: int) -> bool:
+    """Whether the Triton kernels run the call: the caller allows them, Triton can run on ``device`` (CUDA, or CPU
+    under TRITON_INTERPRET=1) and rows and segments fit int32 indices (N, S < 2**31)."""
+    return use_triton and rows < INDEX_LIMIT and num_segments < INDEX_LIMIT and triton_usable(device)
 
 
 @dataclass(frozen=True)
@@ -42,12 +54,13 @@ class SegmentCall:
     reduce: str
     offsets: Optional[torch.Tensor]
     ids: Optional[torch.Tensor]
-    csr: torch.Tensor
+    csr: Optional[torch.Tensor]
     num_segments: int
     empty: float
     use_triton: bool
     grad_output: Optional[torch.Tensor] = None
     flag: Optional[torch.Tensor] = None  # device mode: the fused value-check flag (outputs are poisoned with it)
+    host_checked: bool = True  # the index values were checked on the host (else the Triton kernels check them)
 
     @property
     def rows(self) -> int:
@@ -87,6 +100,11 @@ def _count(name: str, value: object) -> int:
     return value
 
 
+def _offsets_of(ids: torch.Tensor, S: int) -> torch.Tensor:
+    """CSR offsets (S+1,) of sorted ``ids`` (PyTorch backend)."""
+    return torch.searchsorted(ids, torch.arange(S + 1, device=ids.device, dtype=ids.dtype))
+
+
 def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:
     """Validate every argument (naming it on error) and bundle them into a :class:`SegmentCall`."""
     x = validate.tensor("x", x, dtypes=X_DTYPES)
@@ -95,13 +113,15 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
     reduce = validate.choice("reduce", reduce, REDUCTIONS)
     if isinstance(empty, bool) or not isinstance(empty, (int, float)):
         raise TypeError(f"empty must be a float, got {type(empty).__name__}")
+    if empty != 0 and math.isfinite(empty) and not FLOAT32_TINY <= abs(empty) <= FLOAT32_MAX:
+        raise ValueError(f"empty must be 0, +-inf, NaN or in float32's normal range (the kernels take it as two "
+                         f"float32 halves), got {empty!r}")
     if not isinstance(use_triton, bool):
         raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
     if (offsets is None) == (ids is None):
         raise ValueError("offsets and ids: give exactly one of them (CSR offsets or sorted ids), got "
                          + ("both" if offsets is not None else "neither"))
     N = x.shape[0]
-    checks = validate.DataChecks()
     if offsets is not None:
         offsets = validate.tensor("offsets", offsets, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
         if offsets.numel() < 1:
@@ -109,12 +129,6 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
         S = offsets.numel() - 1
         if num_segments is not None and _count("num_segments", num_segments) != S:
             raise ValueError(f"num_segments must equal offsets.numel() - 1 = {S}, got {num_segments}")
-        checks.expect((offsets[0] == 0) & (offsets[-1] == N),
-                      lambda: f"offsets must start at 0 and end at N = {N}, got {int(offsets[0])} .. "
-                              f"{int(offsets[-1])}")
-        checks.expect(offsets.diff().amin() >= 0 if S else offsets[0] == 0,
-                      lambda: "offsets must be non-decreasing")
-        csr = offsets
     else:
         ids = validate.tensor("ids", ids, ndim=1, dtypes=INDEX_DTYPES, device=x.device)
         validate.shape("ids", ids, (N,), "(N,)")
@@ -126,22 +140,34 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
             S = int(ids[-1]) + 1 if N else 0  # the documented host sync of the ids form without num_segments
         else:
             S = _count("num_segments", num_segments)
-        if N:
-            checks.expect((ids[0] >= 0) & (ids[-1] < S),
-                          lambda: f"ids must lie in [0, num_segments = {S}), got {int(ids[0])} .. {int(ids[-1])}")
-            checks.expect(ids.diff().amin() >= 0 if N > 1 else ids[0] == ids[0],
-                          lambda: "ids must be sorted (non-decreasing)")
-        csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))
     if grad_output is not None:
         grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
         validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
+    triton = runs_triton(use_triton, x.device, N, S)
+    if triton and not validate.host_reads_allowed(x):  # verify: unreached (device mode: CUDA by default; tests)
+        return SegmentCall(op, x, reduce, offsets, ids, offsets, S, float(empty), use_triton, grad_output,
+                           host_checked=False)  # the kernels check the index values
+    checks = validate.DataChecks()
+    if offsets is not None:
+        checks.expect((offsets[0] == 0) & (offsets[-1] == N),
+                      lambda: f"offsets must start at 0 and end at N = {N}, got {int(offsets[0])} .. "
+                              f"{int(offsets[-1])}")
+        checks.expect(offsets.diff().amin() >= 0 if S else offsets[0] == 0,
+                      lambda: "offsets must be non-decreasing")
+    elif N:
+        checks.expect((ids[0] >= 0) & (ids[-1] < S),
+                      lambda: f"ids must lie in [0, num_segments = {S}), got {int(ids[0])} .. {int(ids[-1])}")
+        checks.expect(ids.diff().amin() >= 0 if N > 1 else ids[0] == ids[0],
+                      lambda: "ids must be sorted (non-decreasing)")
+    csr = offsets if offsets is not None or triton else _offsets_of(ids, S)
     flag = checks.flag()
-    # device mode: nothing was read on the host. A failed check swaps the index for a valid one (every row in the
-    # last segment, or in segment 0), so no kernel indexes out of bounds, and the flag poisons the results.
+    # device mode (PyTorch backend): nothing was read on the host. A failed check swaps the index for a valid one
+    # (every row in the last segment, or in segment 0), so no kernel indexes out of bounds, and the flag poisons the
+    # results.
     if flag is not None:  # verify: unreached (device mode, the CUDA default; tested in tests/test_segment.py)
         if ids is not None:
             ids = torch.where(flag, ids, 0)
-            csr = torch.searchsorted(ids, torch.arange(S + 1, device=x.device, dtype=ids.dtype))
+            csr = _offsets_of(ids, S)
         else:
             last = torch.arange(S + 1, device=x.device) == S
             csr = torch.where(flag, offsets, torch.where(last, N, 0).to(offsets.dtype))

@@ -13,12 +13,10 @@ from typing import Optional
 import torch
 
 from provable_kernels import validate
-from provable_kernels.dispatch import Branch, Condition, Route, Tree, triton_usable
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels.segment import torch_ops, triton_ops
 from provable_kernels.segment.autograd import segment_backward, segment_forward
-from provable_kernels.segment.call import REDUCTIONS, SegmentCall, make_call, require_call
-
-INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
+from provable_kernels.segment.call import REDUCTIONS, SegmentCall, make_call, require_call, runs_triton
 
 
 # ----------------------------------------------------------------------------------------------- conditions
@@ -33,8 +31,7 @@ def ask_op(call: SegmentCall) -> str:
 def ask_backend(call: SegmentCall) -> str:
     """``triton`` when the caller allows it (use_triton=True), Triton can run on the device of ``x`` (CUDA, or CPU
     under TRITON_INTERPRET=1) and rows and segments fit int32 indices (N, S < 2**31); otherwise ``torch``."""
-    small = call.rows < INDEX_LIMIT and call.num_segments < INDEX_LIMIT
-    return "triton" if call.use_triton and small and triton_usable(call.x.device) else "torch"
+    return "triton" if runs_triton(call.use_triton, call.x.device, call.rows, call.num_segments) else "torch"
 
 
 def ask_reduce(call: SegmentCall) -> str:
@@ -58,10 +55,10 @@ def ask_index(call: SegmentCall) -> str:
 
 
 def ask_rows(call: SegmentCall) -> str:
-    """``one_block`` when every row fits one chunk of the Triton plan (N <= chunk_rows(N, D): every segment is one
-    chunk, one pass, no workspace), else ``blocked`` (segments longer than a chunk are cut into chunks whose
-    partials a combine pass reduces in chunk order)."""
-    return "one_block" if triton_ops.one_block(call.rows, call.columns) else "blocked"
+    """``one_block`` when no segment can be long (N <= the Triton sizes' short rows: every segment is reduced by
+    one program, one pass, no workspace), else ``blocked`` (long segments are cut into chunks whose partials a
+    combine pass reduces in chunk order)."""
+    return "one_block" if triton_ops.one_block(call.rows, call.columns, call.x.device) else "blocked"
 
 
 OP = Condition("op", ask_op, ("reduce", "adjoint"))
@@ -84,11 +81,18 @@ def _x2(call: SegmentCall) -> torch.Tensor:
     return call.x.reshape(call.rows, call.columns)
 
 
+def _forward(call: SegmentCall, want_arg: bool, detach: bool = False):
+    """The forward custom op on the call's index form: ``(out, arg, csr)`` (see ``autograd``)."""
+    x2 = _x2(call).detach() if detach else _x2(call)
+    return segment_forward(x2, call.offsets, call.ids, call.num_segments, call.reduce, call.empty, want_arg,
+                           call.host_checked)
+
+
 def triton_infer(call: SegmentCall) -> torch.Tensor:
     """Triton forward kernel (segments cut into chunks, register accumulation per chunk), no arg saved, no autograd
     graph."""
     call = require_call(call, "reduce")
-    out, _ = segment_forward(_x2(call), call.csr, call.ids, call.reduce, call.empty, False)
+    out, _, _ = _forward(call, False)
     return _shape(call, out)
 
 
@@ -96,8 +100,7 @@ def triton_train(call: SegmentCall) -> torch.Tensor:
     """Triton forward as a custom op whose autograd runs the Triton backward kernel; max / min save the int32
     first-occurrence arg (S, D) for it."""
     call = require_call(call, "reduce")
-    out, _ = segment_forward(_x2(call), call.csr, call.ids, call.reduce, call.empty,
-                             call.reduce in ("max", "min"))
+    out, _, _ = _forward(call, call.reduce in ("max", "min"))
     return _shape(call, out)
 
 
@@ -105,10 +108,10 @@ def triton_adjoint(call: SegmentCall) -> torch.Tensor:
     """Triton forward recomputing the first-occurrence arg (nothing saved by the caller), then the Triton backward
     kernel: the same two custom ops as the autograd path, so bitwise equal to it."""
     call = require_call(call, "adjoint")
-    x2 = _x2(call).detach()
-    _, arg = segment_forward(x2, call.csr, call.ids, call.reduce, call.empty, True)
+    _, arg, csr = _forward(call, True, detach=True)
     grad = call.grad_output.reshape(call.num_segments, call.columns).contiguous()
-    return segment_backward(grad, call.csr, call.ids, arg, call.reduce, call.rows).reshape(call.x.shape)
+    csr = call.offsets if call.offsets is not None else csr
+    return segment_backward(grad, csr, call.ids, arg, call.reduce, call.rows).reshape(call.x.shape)
 
 
 def torch_reduce(call: SegmentCall) -> torch.Tensor:

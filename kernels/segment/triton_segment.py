@@ -1,51 +1,83 @@
 """Triton kernels of the segment reductions (``@triton.jit`` code only; host side in ``triton_ops``).
 
-Forward layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D). Each segment is
-cut into chunks of at most ``R`` consecutive rows (an empty segment is one empty chunk), listed in segment order:
-``first[s]`` is segment s's first chunk (an exclusive cumsum, ``first[S]`` the number of chunks) and
-``chunk_seg[c]`` the segment of chunk c, both built on the device by ``triton_ops``. :func:`segment_chunk_kernel`
-runs one program per (G chunks, column block): its tile has G x L lanes of BD columns, L lanes per chunk, and lane
-l of a chunk reads rows l, l + L, l + 2 L, ... of it, accumulating in registers (no scan, no segment search).
-At the end the L lanes of each chunk are reduced (:func:`_reduce_lanes`). A segment of one chunk writes its output
-directly (``empty`` for an empty one); the chunks of a longer segment write raw partials (value, arg) to a
-workspace row per chunk, and :func:`segment_combine_kernel` reduces them with the same lane code, one group of
-lanes per segment: a fixed order, no atomics, bitwise repeatable.
+Layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D); ``offsets`` (S+1,) are
+the CSR offsets (given, or built from sorted ``ids`` by :func:`segment_offsets_kernel`). N, S and D are runtime
+arguments; the constexprs depend on D's column block, the dtype and the reduction only (``triton_ops.Sizes``).
+
+A segment's order of operations depends on its own rows alone (batch invariance: the same bits alone or anywhere in
+a batch):
+
+- a *short* segment (at most SHORT rows, empty ones included) is reduced by a program of the short part of the
+  chunk kernel's grid, which holds SHORT_GROUPS consecutive segments of SHORT_LANES lanes each: lane l reads rows
+  l, l + SHORT_LANES, ... of its segment, accumulating in registers, then the lanes are merged (:func:`_reduce_lanes`);
+- a *long* segment (more than SHORT rows) is cut from its first row into chunks of :func:`chunk_rows` rows (a power
+  of two from its own length). Chunk j of a segment starting at row a is reduced by program a // SHORT + j of the long
+  part of the grid (LANES lanes) into workspace slot a // SHORT + j (a long segment has at most n // SHORT chunks, so
+  slots of different segments never meet): the program finds its segment with a binary search over the offsets
+  (:func:`segment_at`), no chunk table. :func:`segment_combine_kernel` reduces the partials in chunk order with a
+  fixed lane count. No atomics: bitwise repeatable.
 
 Max and min run as a max of ``SIGN * x`` (negation is exact). Every lane keeps the value and the row of its first
-maximum: a later row replaces it only when strictly greater or the first NaN (NaN ranks above every number). The
-lanes of a chunk (and the partials of a segment) are merged by value with ties to the lowest row, so the arg is
-the first occurrence whatever the lane or chunk split. REDUCE: 0 sum, 1 mean, 2 max, 3 min. Sums accumulate in ACC
-(float32, or float64 for float64 input).
+maximum: a later row replaces it only when strictly greater or the first NaN (NaN ranks above every number). Lanes
+(and partials) are merged by value with ties to the lowest row, so the arg is the first occurrence whatever the split.
+REDUCE: 0 sum, 1 mean, 2 max, 3 min. Sums accumulate in ACC (float32, or float64 for float64 input).
 
-Backward: one program per tile of rows finds each row's segment (:func:`row_segments`) and writes grad_x.
+Value checks (device mode, no host read): every kernel clamps what it reads from the index into range, so nothing is
+read out of bounds whatever the index holds. A segment whose bounds are not 0 <= offsets[s] <= offsets[s+1] <= N is
+NaN, every segment is NaN when offsets[0] != 0 or offsets[S] != N, and with CHECK_IDS (ids given, not checked on
+the host) every row a segment reduces must hold its id. A long segment whose workspace slots another segment's
+programs wrote (possible only with unsorted offsets) is NaN too (each slot carries the segment id it holds).
+Backward: a row is NaN unless it lies between its segment's bounds.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from provable_kernels.triton_math import float_scalar
+
 BIG = tl.constexpr(2147483647)  # larger than every row index and segment id (int32)
 
 
 @triton.jit
-def row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS: tl.constexpr, BK: tl.constexpr):
-    """Segment id of each row in ``rows`` (int32). IDS: ``ids[row]``. Else ``base`` (the segment of the tile's
-    first row) plus the number of boundaries ``offsets[base+1 ..]`` at or below the row, counted BK boundaries at a
-    time until one lies past ``last_row``."""
-    if IDS:
-        seg = tl.load(ids_ptr + rows, mask=rows <= last_row, other=0).to(tl.int32)
-    else:
-        count = tl.zeros(rows.shape, tl.int32)
-        k0 = base + 1
-        more = k0 <= S
-        while more:
-            ks = k0 + tl.arange(0, BK)
-            bounds = tl.load(offsets_ptr + ks, mask=ks <= S, other=BIG).to(tl.int32)
-            count += tl.sum((bounds[None, :] <= rows[:, None]).to(tl.int32), axis=1)
-            more = tl.max(bounds, axis=0) <= last_row
-            k0 += BK
-        seg = base + count
-    return seg
+def segment_at(offsets_ptr, S, row):
+    """The last segment s in 0..S with ``offsets[s] <= row`` (0 when there is none): a binary search, log2(S + 2)
+    dependent loads, never out of bounds whatever the offsets hold (for sorted offsets: the segment holding ``row``,
+    or S past the end)."""
+    lo = tl.full((), 0, tl.int32)
+    hi = S + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        right = tl.load(offsets_ptr + mid) <= row
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(right, hi, mid)
+    return tl.maximum(lo - 1, 0)
+
+
+@triton.jit
+def _bounds(offsets_ptr, s, live, N):
+    """(start, end, valid) of segments ``s`` (where ``live``): valid when 0 <= offsets[s] <= offsets[s+1] <= N;
+    start = end = 0 (no rows) otherwise. int32."""
+    a = tl.load(offsets_ptr + s, mask=live, other=0)
+    b = tl.load(offsets_ptr + s + 1, mask=live, other=0)
+    valid = live & (a >= 0) & (a <= b) & (b <= N)
+    return tl.where(valid, a, 0).to(tl.int32), tl.where(valid, b, 0).to(tl.int32), valid
+
+
+@triton.jit
+def _ends_ok(offsets_ptr, N, S):
+    """The offsets start at 0 and end at N."""
+    return (tl.load(offsets_ptr) == 0) & (tl.load(offsets_ptr + S) == N)
+
+
+@triton.jit
+def chunk_rows(n, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr):
+    """Rows per chunk of a long segment of ``n`` rows: the least power of two >= MIN_CHUNK holding n in at most
+    TARGET chunks, capped at MIN_CHUNK * 2**DOUBLINGS (``triton_ops.chunk_rows`` on the host)."""
+    r = tl.full(n.shape, MIN_CHUNK, tl.int32)
+    for _ in tl.static_range(DOUBLINGS):
+        r = tl.where(r * TARGET < n, r * 2, r)
+    return r
 
 
 @triton.jit
@@ -76,21 +108,26 @@ def _finish(v, count, REDUCE: tl.constexpr):
 
 
 @triton.jit
-def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stride_c,
+def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, stride_r, stride_c,
                   G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
-                  PARTIALS: tl.constexpr):
+                  PARTIALS: tl.constexpr, CHECK_IDS: tl.constexpr):
     """Reduce runs of source rows: lane k (of G x L) reads rows ``start[k]``, ``start[k] + L``, ... below
-    ``stop[k]`` (columns ``cols64``), then the L lanes of each group are merged: ``(value (G, BD), arg (G, BD))``.
-    Sums: the value (arg unused). Max: the max of ``SIGN * x`` (NaN first) and the lowest row holding it (BIG for a
-    group without rows). PARTIALS: the rows are workspace partials (raw value, arg), else rows of x (arg = row)."""
+    ``stop[k]`` (columns ``cols64``), then the L lanes of each group are merged: ``(value (G, BD), arg (G, BD),
+    wrong (G,))``. Sums: the value (arg unused). Max: the max of ``SIGN * x`` (NaN first) and the lowest row holding
+    it (BIG for a group without rows). PARTIALS: the rows are workspace partials (raw value, arg), else rows of x
+    (arg = row). CHECK_IDS: ``wrong`` is 1 for a group that read a row whose id (``ids_ptr``) is not ``seg``."""
     steps = tl.max((stop - start + (L - 1)) // L, axis=0)
     acc_v = tl.zeros([G * L, BD], ACC)
     acc_i = tl.full([G * L, BD], BIG, tl.int32)
+    wrong = tl.zeros([G * L], tl.int32)
     if REDUCE >= 2:
         acc_v = tl.full([G * L, BD], float("-inf"), ACC)
     for t in range(0, steps):
         rows = start + t * L
-        m2 = (rows < stop)[:, None] & cmask[None, :]
+        live = rows < stop
+        if CHECK_IDS:
+            wrong = wrong | (live & (tl.load(ids_ptr + rows, mask=live, other=0) != seg)).to(tl.int32)
+        m2 = live[:, None] & cmask[None, :]
         at = rows.to(tl.int64)[:, None] * stride_r + cols64[None, :] * stride_c
         x = tl.load(src_ptr + at, mask=m2, other=0.0).to(ACC)
         if REDUCE >= 2:
@@ -111,105 +148,181 @@ def _reduce_lanes(src_ptr, src_i_ptr, start, stop, cols64, cmask, stride_r, stri
     else:
         value = tl.sum(v3, axis=1)
         first = tl.zeros([G, BD], tl.int32)
-    return value, first
-
-
-@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
-def segment_chunk_count_kernel(offsets_ptr, first_ptr, S, R: tl.constexpr, BS: tl.constexpr):
-    """``first[k]`` = the chunk count of segment k - 1 (max(1, ceil(len / R)); 0 for k = 0): an inclusive cumsum
-    of it (done by the host side) is the first chunk of every segment. One pass over the offsets."""
-    k = tl.program_id(0) * BS + tl.arange(0, BS)
-    m = (k >= 1) & (k <= S)
-    lo = tl.load(offsets_ptr + k - 1, mask=m, other=0)
-    hi = tl.load(offsets_ptr + k, mask=m, other=0)
-    count = tl.where(m, tl.maximum((hi - lo + (R - 1)) // R, 1), 0)
-    tl.store(first_ptr + k, count.to(tl.int32), mask=k <= S)
-
-
-@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
-def segment_chunk_kernel(
-    x_ptr, offsets_ptr, first_ptr, chunk_seg_ptr, empty_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr,
-    D, S, stride_xn, stride_xd,
-    R: tl.constexpr, G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr,
-    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
-):
-    """Program (p, q) reduces chunks p G .. p G + G - 1 over column block q. A chunk of a one-chunk segment writes
-    the output (and arg; ``empty`` and -1 for an empty segment); a chunk of a longer segment writes its raw
-    partial to workspace row c. ``chunk_seg`` covers the whole grid: S past the last chunk (the grid is a static
-    upper bound), where programs find no rows and store nothing."""
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    cmask = cols < D
-    cols64 = cols.to(tl.int64)
-    lane = tl.arange(0, G * L)
-    c = tl.program_id(0) * G + lane // L
-    s = tl.load(chunk_seg_ptr + c)
-    live = s < S
-    lo = tl.load(offsets_ptr + s).to(tl.int32) + (c - tl.load(first_ptr + s)) * R
-    lo = tl.where(live, lo, 0)
-    hi = lo + tl.minimum(tl.load(offsets_ptr + s + 1, mask=live, other=0).to(tl.int32) - lo, R)  # no overflow
-    v, i = _reduce_lanes(x_ptr, x_ptr, lo + lane % L, hi, cols64, cmask, stride_xn, stride_xd,
-                         G, L, BD, REDUCE, ACC, False)
-    # the same descriptors per chunk (G of them) for the stores
-    cg = tl.program_id(0) * G + tl.arange(0, G)
-    sg = tl.load(chunk_seg_ptr + cg)
-    live_g = sg < S
-    chunks = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg)
-    length = (tl.load(offsets_ptr + sg + 1, mask=live_g, other=0) - tl.load(offsets_ptr + sg)).to(tl.int32)
-    alone = (live_g & (chunks == 1))[:, None] & cmask[None, :]
-    hollow = (length == 0)[:, None]
-    value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE).to(out_ptr.dtype.element_ty)
-    value = tl.where(hollow, tl.load(empty_ptr), value)
-    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
-    tl.store(out_ptr + out_at, value, mask=alone)
-    if STORE_ARG:
-        tl.store(arg_ptr + out_at, tl.where(hollow, -1, i), mask=alone)
-    split = (live_g & (chunks > 1))[:, None] & cmask[None, :]
-    part_at = cg.to(tl.int64)[:, None] * D + cols64[None, :]
-    tl.store(part_v_ptr + part_at, v, mask=split)
-    if REDUCE >= 2:
-        tl.store(part_i_ptr + part_at, i, mask=split)
-
-
-@triton.jit(do_not_specialize=("S",))  # sizes that change per batch compile nothing
-def segment_combine_kernel(
-    offsets_ptr, first_ptr, part_v_ptr, part_i_ptr, out_ptr, arg_ptr, D, S,
-    G: tl.constexpr, L: tl.constexpr, BD: tl.constexpr,
-    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
-):
-    """Program (p, q) finishes segments p G .. p G + G - 1 that span several chunks: their partials (workspace
-    rows first[s] .. first[s + 1] - 1, in chunk order) are reduced by L lanes each, as the chunk kernel reduces
-    rows. One-chunk segments (already written) are skipped."""
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    cmask = cols < D
-    cols64 = cols.to(tl.int64)
-    s = tl.program_id(0) * G + tl.arange(0, G * L) // L
-    live = s < S
-    lo = tl.load(first_ptr + s, mask=live, other=0)
-    hi = tl.load(first_ptr + s + 1, mask=live, other=0)
-    hi = tl.where(hi - lo > 1, hi, lo)
-    v, i = _reduce_lanes(part_v_ptr, part_i_ptr, lo + tl.arange(0, G * L) % L, hi, cols64, cmask, D, 1,
-                         G, L, BD, REDUCE, ACC, True)
-    sg = tl.program_id(0) * G + tl.arange(0, G)
-    live_g = sg < S
-    split = tl.load(first_ptr + sg + 1, mask=live_g, other=0) - tl.load(first_ptr + sg, mask=live_g, other=0) > 1
-    length = tl.maximum(tl.load(offsets_ptr + sg + 1, mask=live_g, other=0)
-                        - tl.load(offsets_ptr + sg, mask=live_g, other=0), 1).to(ACC)
-    mask = split[:, None] & cmask[None, :]
-    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
-    tl.store(out_ptr + out_at, _finish(v, length[:, None], REDUCE).to(out_ptr.dtype.element_ty), mask=mask)
-    if STORE_ARG:
-        tl.store(arg_ptr + out_at, i, mask=mask)
+    return value, first, tl.max(tl.reshape(wrong, [G, L]), axis=1)
 
 
 @triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
+def segment_offsets_kernel(ids_ptr, offsets_ptr, N, S, BLOCK: tl.constexpr):
+    """CSR offsets from sorted ids: ``offsets[k]`` = the first row whose id is >= k (k in 0..S; a binary search
+    per k, so every entry is written once and nothing is read out of bounds whatever the ids hold)."""
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.zeros([BLOCK], tl.int32)
+    hi = tl.zeros([BLOCK], tl.int32) + N
+    while tl.max((lo < hi).to(tl.int32), axis=0) > 0:
+        active = lo < hi
+        mid = (lo + hi) // 2
+        right = active & (tl.load(ids_ptr + mid, mask=active, other=0) < k)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    tl.store(offsets_ptr + k, lo, mask=k <= S)
+
+
+@triton.jit
+def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D, stride_xn, stride_xd, empty,
+                    ends_ok, cols64, cmask, SHORT: tl.constexpr, SHORT_LANES: tl.constexpr,
+                    SHORT_GROUPS: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
+                    ACC: tl.constexpr, CHECK_IDS: tl.constexpr):
+    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones (and the invalid ones, as NaN) write their
+    output; long ones are left to the combine pass."""
+    lane = tl.arange(0, SHORT_GROUPS * SHORT_LANES)
+    s = pid * SHORT_GROUPS + lane // SHORT_LANES
+    a, b, valid = _bounds(offsets_ptr, s, s < S, N)
+    start = a + lane % SHORT_LANES
+    stop = tl.where(b - a <= SHORT, b, start)
+    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, s, start, stop, cols64, cmask, stride_xn, stride_xd,
+                                SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC, False, CHECK_IDS)
+    sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
+    ag, bg, valid_g = _bounds(offsets_ptr, sg, sg < S, N)
+    length = bg - ag
+    bad = ~valid_g | (wrong != 0) | ~ends_ok
+    mine = ((sg < S) & (bad | (length <= SHORT)))[:, None] & cmask[None, :]
+    value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE)
+    value = tl.where((length == 0)[:, None], empty, value)
+    value = tl.where(bad[:, None], float("nan"), value)
+    out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
+    tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=mine)
+    if STORE_ARG:
+        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad)[:, None], -1, i), mask=mine)
+
+
+@triton.jit
+def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q, N, S, D, stride_xn, stride_xd,
+                cols64, cmask, SHORT: tl.constexpr, LANES: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr,
+                ACC: tl.constexpr, CHECK_IDS: tl.constexpr):
+    """Workspace slot q: chunk q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there is
+    one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag is
+    written by every call, so the combine pass never reads a stale one)."""
+    s = segment_at(offsets_ptr, S, (q + 1) * SHORT - 1)
+    a, b, valid = _bounds(offsets_ptr, s, s < S, N)
+    length = b - a
+    rows = chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET)
+    j = q - a // SHORT
+    real = valid & (length > SHORT) & (j >= 0) & (j * rows < length)
+    lo = tl.where(real, a + j * rows, 0)
+    hi = tl.where(real, tl.minimum(lo + rows, b), 0)
+    lane = tl.arange(0, LANES)
+    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, s + lane * 0, lo + lane, hi + lane * 0, cols64, cmask,
+                                stride_xn, stride_xd, 1, LANES, BD, REDUCE, ACC, False, CHECK_IDS)
+    real = real & (tl.max(wrong, axis=0) == 0)
+    part_at = q.to(tl.int64) * D + cols64[None, :]
+    tl.store(part_v_ptr + part_at, v, mask=cmask[None, :] & real)
+    if REDUCE >= 2:
+        tl.store(part_i_ptr + part_at, i, mask=cmask[None, :] & real)
+    tl.store(tag_ptr + q, tl.where(real, s, -1), mask=tl.program_id(1) == 0)
+
+
+@triton.jit(do_not_specialize=("N", "S", "D", "short_programs", "stride_xn", "stride_xd"))
+def segment_chunk_kernel(
+    x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr, tag_ptr,
+    N, S, D, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
+    SHORT: tl.constexpr, SHORT_LANES: tl.constexpr, SHORT_GROUPS: tl.constexpr, LANES: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
+    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, CHECK_IDS: tl.constexpr,
+):
+    """Programs 0 .. short_programs - 1 (column block ``program_id(1)``) reduce the short segments
+    (:func:`_short_segments`), the others one chunk of a long segment each (:func:`_long_chunk`). ``empty`` arrives
+    as two float32 halves (:func:`provable_kernels.launch.float_halves`)."""
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    cols64 = cols.to(tl.int64)
+    if pid < short_programs:
+        empty = float_scalar(EMPTY_HI, EMPTY_LO, ACC == tl.float64)
+        _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D, stride_xn, stride_xd, empty,
+                        _ends_ok(offsets_ptr, N, S), cols64, cmask, SHORT, SHORT_LANES, SHORT_GROUPS, BD, REDUCE,
+                        STORE_ARG, ACC, CHECK_IDS)
+    else:
+        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, pid - short_programs, N, S, D,
+                    stride_xn, stride_xd, cols64, cmask, SHORT, LANES, MIN_CHUNK, DOUBLINGS, TARGET, BD, REDUCE,
+                    ACC, CHECK_IDS)
+
+
+@triton.jit(do_not_specialize=("N", "S", "D"))  # sizes that change per batch compile nothing
+def segment_combine_kernel(
+    offsets_ptr, part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, N, S, D,
+    GROUP: tl.constexpr, LANES: tl.constexpr, SHORT: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
+    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
+):
+    """Program (p, q) finishes the long segments among p GROUP .. p GROUP + GROUP - 1, one after the other: the
+    partials in slots start // SHORT .. + chunks - 1 are reduced by LANES lanes (lane l reads partials l, l + LANES,
+    ...), as the chunk kernel reduces rows. NaN when a slot's tag is not the segment or the offsets' ends are wrong."""
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    cols64 = cols.to(tl.int64)
+    ends_ok = _ends_ok(offsets_ptr, N, S)
+    member = tl.arange(0, GROUP)
+    sg = tl.program_id(0) * GROUP + member
+    a, b, valid = _bounds(offsets_ptr, sg, sg < S, N)
+    todo = tl.where(valid & (b - a > SHORT), member, GROUP)
+    k = tl.min(todo, axis=0)
+    lane = tl.arange(0, LANES)
+    while k < GROUP:
+        s = tl.program_id(0) * GROUP + k
+        start = tl.sum(tl.where(member == k, a, 0), axis=0)
+        length = tl.sum(tl.where(member == k, b, 0), axis=0) - start
+        first = start // SHORT
+        stop = first + tl.cdiv(length, chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET))
+        v, i, _ = _reduce_lanes(part_v_ptr, part_i_ptr, tag_ptr, s, first + lane, stop + lane * 0, cols64, cmask,
+                                D, 1, 1, LANES, BD, REDUCE, ACC, True, False)
+        foreign = tl.zeros([LANES], tl.int32)
+        for t in range(0, tl.cdiv(stop - first, LANES)):
+            slot = first + t * LANES + lane
+            foreign = foreign | (tl.load(tag_ptr + slot, mask=slot < stop, other=s) != s).to(tl.int32)
+        bad = (tl.max(foreign, axis=0) != 0) | ~ends_ok
+        value = _finish(v, length.to(ACC), REDUCE)
+        value = tl.where(bad, float("nan"), value)
+        out_at = s.to(tl.int64) * D + cols64[None, :]
+        tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=cmask[None, :])
+        if STORE_ARG:
+            tl.store(arg_ptr + out_at, tl.where(bad, -1, i), mask=cmask[None, :])
+        todo = tl.where(member == k, GROUP, todo)
+        k = tl.min(todo, axis=0)
+
+
+@triton.jit
+def row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS: tl.constexpr, BK: tl.constexpr):
+    """Segment id of each row in ``rows`` (int32, clamped into 0..S-1). IDS: ``ids[row]``. Else ``base`` (the last
+    segment starting at or before the tile's first row) plus the number of boundaries ``offsets[base+1 ..]`` at or
+    below the row, counted BK boundaries at a time until one lies past ``last_row``."""
+    if IDS:
+        seg = tl.load(ids_ptr + rows, mask=rows <= last_row, other=0)
+        seg = tl.minimum(tl.maximum(seg, 0), S - 1).to(tl.int32)
+    else:
+        count = tl.zeros(rows.shape, tl.int32)
+        k0 = base + 1
+        more = k0 <= S
+        while more:
+            ks = k0 + tl.arange(0, BK)
+            bounds = tl.load(offsets_ptr + ks, mask=ks <= S, other=BIG).to(tl.int32)
+            count += tl.sum((bounds[None, :] <= rows[:, None]).to(tl.int32), axis=1)
+            more = tl.max(bounds, axis=0) <= last_row
+            k0 += BK
+        seg = tl.minimum(base + count, S - 1)
+    return seg
+
+
+@triton.jit(do_not_specialize=("N", "S", "D", "stride_gs", "stride_gd"))  # sizes that change per batch compile nothing
 def segment_backward_kernel(
-    g_ptr, ids_ptr, offsets_ptr, tile_seg_ptr, arg_ptr, gx_ptr,
+    g_ptr, ids_ptr, offsets_ptr, arg_ptr, gx_ptr,
     N, D, S, stride_gs, stride_gd,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     IDS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
 ):
     """grad_x (N, D) for one tile of rows: the upstream gradient of the row's segment (sum), divided by the
-    segment's length (mean), or only at the saved arg row (max, min); zero elsewhere."""
+    segment's length (mean), or only at the saved arg row (max, min); zero elsewhere. NaN for a row outside its
+    segment's bounds (a bad index in device mode)."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
@@ -217,15 +330,22 @@ def segment_backward_kernel(
     rows = t * BN + tl.arange(0, BN)
     rmask = rows < N
     last_row = tl.minimum(t * BN + BN, N) - 1
-    seg = row_segments(ids_ptr, offsets_ptr, rows, tl.load(tile_seg_ptr + t).to(tl.int32), last_row, S, IDS, BK)
+    base = tl.full((), 0, tl.int32)
+    if not IDS:
+        base = segment_at(offsets_ptr, S, t * BN)
+    seg = row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS, BK)
+    start = tl.load(offsets_ptr + seg, mask=rmask, other=0)
+    end = tl.load(offsets_ptr + seg + 1, mask=rmask, other=1)
+    inside = (start <= rows) & (rows < end) & _ends_ok(offsets_ptr, N, S)
+    if IDS:
+        inside = inside & (tl.load(ids_ptr + rows, mask=rmask, other=0) == seg)
     seg64 = seg.to(tl.int64)[:, None]
     m2 = rmask[:, None] & cmask[None, :]
     g = tl.load(g_ptr + seg64 * stride_gs + cols64[None, :] * stride_gd, mask=m2, other=0.0).to(ACC)
     if REDUCE == 1:
-        start = tl.load(offsets_ptr + seg, mask=rmask, other=0).to(tl.int32)
-        end = tl.load(offsets_ptr + seg + 1, mask=rmask, other=1).to(tl.int32)
-        g = g / (end - start).to(ACC)[:, None]
+        g = g / tl.maximum(end - start, 1).to(ACC)[:, None]
     if REDUCE >= 2:
         arg = tl.load(arg_ptr + seg64 * D + cols64[None, :], mask=m2, other=-1)
         g = tl.where(arg == rows[:, None], g, 0.0)
+    g = tl.where(inside[:, None], g, float("nan"))
     tl.store(gx_ptr + rows.to(tl.int64)[:, None] * D + cols64[None, :], g.to(gx_ptr.dtype.element_ty), mask=m2)
