@@ -3,6 +3,7 @@ route launching a kernel whose output nothing reads fails naming that kernel; a 
 a kernel-less run that crashes or hangs counts as noticed; real routes of every family notice each kernel."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Callable
@@ -17,7 +18,7 @@ from provable_kernels import alloc, validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels.launch import Launcher, launcher
 from kernel_sentinel import registry
-from kernel_sentinel.observed import in_child, kernel_launches, observe
+from kernel_sentinel.observed import _spawned_run, in_child, kernel_launches, observe
 
 CPU = torch.device("cpu")
 
@@ -131,6 +132,16 @@ def test_a_child_that_dies_or_hangs_counts_as_noticed():
     start = time.perf_counter()
     assert in_child(lambda: time.sleep(30), "fork", limit=1.0) == (True, "ran past 1 s (killed)")
     assert time.perf_counter() - start < 10
+
+
+def test_a_spawned_child_rebuilds_the_case_as_on_a_gpu():
+    """The GPU path (a spawned process rebuilds the family, case and reference by name), run on the CPU."""
+    job = functools.partial(_spawned_run, "sinkhorn", "sinkhorn.triton.prob.infer", "tiny", "float32", "cpu", 0,
+                            "prob_forward_kernel")
+    assert in_child(job, "spawn") == (True, "reference comparison fails (out)")
+    job = functools.partial(_spawned_run, "sinkhorn", "sinkhorn.triton.prob.infer", "tiny", "float32", "cpu", 0,
+                            "no_such_kernel")
+    assert in_child(job, "spawn") == (False, "outputs still match the float64 reference")
 
 
 @pytest.mark.parametrize("family_name, route_id, kernels", [
