@@ -6,14 +6,15 @@ gives it a layout with each matrix in one thread: the sums of every iteration ar
 shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
 and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
 scaling vectors of every STRIDE-th step in registers (CP slots per vector; ``triton_ops._stride``), replays each
-step from the nearest kept one (about 2 to 2.5 iters steps in all), and writes the input gradient once. Blocks
-that run the log loop replay each step from ``x`` (iters^2 / 2 steps).
+step from the nearest kept one (about 2 to 2.5 iters steps in all), and writes the input gradient once. Matrices
+that take the log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
 log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (reciprocals only, ``_rcp``) with output
-``r_i K_ij c_j``: ``w = L + log r_i + log c_j`` at every step. When some row of a block spans more than ``RMAX``
-in ``L`` (so ``K`` could underflow or the scalings overflow), that block runs the log-domain loop itself
-(``use_log``).
+``r_i K_ij c_j``: ``w = L + log r_i + log c_j`` at every step. A matrix with a row spanning more than ``RMAX`` in
+``L`` (so ``K`` could underflow or the scalings overflow) or with clamped entries takes the log-domain loop itself
+(``use_log``, per matrix): a program holding such matrices runs both forms and keeps each matrix's own, so that a
+matrix's result never depends on the matrices packed next to it (batch invariance).
 
 Probability domain: ``p0 = softmax(x) + eps`` (n^2 exponentials, once); every later step is a diagonal scaling
 ``p = r_i p0_ij c_j``, so iterations are matrix-vector sums and divisions.
@@ -181,8 +182,9 @@ def _log_prepare(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl
                  RMAX: tl.constexpr):
     """The shifted logits ``L`` (``max(x, -1e5) - rowmax``, in flagged form: entries below -1e5 hold
     ``-rowmax`` with flag ``F = 1``, and a row that is clamped everywhere becomes 0 without flags), ``K = exp(L)``
-    (0 where flagged), the gradient mask ``not x < -1e5``, whether this block must run the log-domain loop (a
-    flag, or some row of ``L`` spanning more than ``RMAX``) and the matrices holding NaN or +inf."""
+    (0 where flagged), the gradient mask ``not x < -1e5``, the matrices that must run the log-domain loop
+    (BM, 1, 1: a flag, or some row of ``L`` spanning more than ``RMAX``; decided per matrix, so that a matrix's
+    result never depends on the other matrices of its program) and the matrices holding NaN or +inf."""
     x, bad = _load_logits(x_ptr, pid, B, valid, N, NB, BM, F64)
     clamped = valid & (x < CLAMP)
     m = tl.max(tl.where(valid & (x >= CLAMP), x, float("-inf")), axis=2)[:, :, None]
@@ -191,8 +193,8 @@ def _log_prepare(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl
     L = tl.where(valid, tl.where(clamped, tl.where(flat, 0.0, -m), x - m), 0.0)
     F = (clamped & (flat == 0)).to(tl.int32)
     unflagged = valid & (F == 0)
-    span = tl.max(tl.max(tl.max(tl.where(unflagged, -L, 0.0), axis=2), axis=1), axis=0)
-    flags = tl.max(tl.max(tl.max(F, axis=2), axis=1), axis=0)
+    span = tl.max(tl.max(tl.where(unflagged, -L, 0.0), axis=2), axis=1)[:, None, None]
+    flags = tl.max(tl.max(F, axis=2), axis=1)[:, None, None]
     K = tl.where(unflagged, tl.exp(L), 0.0)
     return L, F, K, valid & ((x < CLAMP) == 0), (span > RMAX) | (flags > 0), bad
 
@@ -242,7 +244,10 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
     L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
-    S, Q = _log_replay(L, F, K, ITERS, use_log, valid, rows, cols)
+    S, Q = _log_replay(L, F, K, ITERS, False, valid, rows, cols)
+    if tl.max(tl.max(tl.max(use_log.to(tl.int32), axis=2), axis=1), axis=0) > 0:  # the log loop for those matrices
+        S_log, Q_log = _log_replay(L, F, K, ITERS, True, valid, rows, cols)
+        Q = tl.where(use_log, Q_log, Q)
     _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
 
 
@@ -251,42 +256,52 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
                         BM: tl.constexpr, F64: tl.constexpr, RMAX: tl.constexpr, CP: tl.constexpr):
     """Reverse sweep over the steps k = ITERS..1. Scaling form: a first forward pass keeps the column scalings
     ``c`` of every STRIDE-th step (CP slots, O(n * iters / STRIDE) per matrix, in registers); step k is replayed
-    from the nearest kept one (< STRIDE steps). Log loop (wide blocks): step k is replayed from ``x``."""
+    from the nearest kept one (< STRIDE steps). Log loop (the matrices of ``use_log``, when the program holds
+    any): step k is replayed from ``x``."""
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
     L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
-    Wb = _load(grad_ptr, pid, B, N, NB, BM, F64)
-    if use_log:
+    grad = _load(grad_ptr, pid, B, N, NB, BM, F64)
+    Wb = _log_backward_scaling(K, grad, ITERS, STRIDE, rows, cols, CP)
+    if tl.max(tl.max(tl.max(use_log.to(tl.int32), axis=2), axis=1), axis=0) > 0:  # the log loop for those matrices
+        Wb_log = grad
         for t in range(0, ITERS):
-            S, Q = _log_replay(L, F, K, ITERS - t, use_log, valid, rows, cols)
-            Wb = Wb * tl.where(t == 0, Q, 1.0)
-            Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
-            Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
-    else:
-        slots = tl.arange(0, CP)[None, :, None]
-        c = tl.where(cols, 1.0, 0.0).to(K.dtype)
-        r = tl.where(rows, 1.0, 0.0).to(K.dtype)
-        kept = c + 0.0 * slots
-        for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
-            kept = tl.where(slots == g, c, kept)
-            for _ in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
-                r = _scale_rows(K, c, rows)
-                c = _scale_cols(K, r, cols)
-        Wb = Wb * (K * r * c)  # the output's own factor (step ITERS): w_bar = out_bar * out
-        for t in range(0, ITERS):
-            k = ITERS - t
-            j = (k - 1) // STRIDE
-            c = tl.sum(tl.where(slots == j, kept, 0.0), axis=1)[:, None, :]
-            for _ in range(j * STRIDE, k - 1):
-                c = _scale_cols(K, _scale_rows(K, c, rows), cols)
-            r = _scale_rows(K, c, rows)
-            S = K * r * c
-            c = _scale_cols(K, r, cols)
-            Q = K * r * c
-            Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
-            Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+            S, Q = _log_replay(L, F, K, ITERS - t, True, valid, rows, cols)
+            Wb_log = Wb_log * tl.where(t == 0, Q, 1.0)
+            Wb_log = Wb_log - Q * tl.sum(Wb_log, axis=1)[:, None, :]
+            Wb_log = Wb_log - S * tl.sum(Wb_log, axis=2)[:, :, None]
+        Wb = tl.where(use_log, Wb_log, Wb)
     gx = tl.where(bad, float("nan"), tl.where(keep, Wb, 0.0))
     _store(gx_ptr, gx, pid, B, N, NB, BM)
+
+
+@triton.jit
+def _log_backward_scaling(K, Wb, ITERS, STRIDE, rows, cols, CP: tl.constexpr):
+    """The reverse sweep of the scaling form from the upstream gradient ``Wb``: a first forward pass keeps the
+    column scalings of every STRIDE-th step in CP slots; step k is replayed from the nearest kept one."""
+    slots = tl.arange(0, CP)[None, :, None]
+    c = tl.where(cols, 1.0, 0.0).to(K.dtype)
+    r = tl.where(rows, 1.0, 0.0).to(K.dtype)
+    kept = c + 0.0 * slots
+    for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
+        kept = tl.where(slots == g, c, kept)
+        for _ in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
+            r = _scale_rows(K, c, rows)
+            c = _scale_cols(K, r, cols)
+    Wb = Wb * (K * r * c)  # the output's own factor (step ITERS): w_bar = out_bar * out
+    for t in range(0, ITERS):
+        k = ITERS - t
+        j = (k - 1) // STRIDE
+        c = tl.sum(tl.where(slots == j, kept, 0.0), axis=1)[:, None, :]
+        for _ in range(j * STRIDE, k - 1):
+            c = _scale_cols(K, _scale_rows(K, c, rows), cols)
+        r = _scale_rows(K, c, rows)
+        S = K * r * c
+        c = _scale_cols(K, r, cols)
+        Q = K * r * c
+        Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
+        Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
+    return Wb
 
 
 @triton.jit
