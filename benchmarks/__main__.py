@@ -207,7 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         code = run_checks(args)
     else:
         check_run_args(parser, args)
-        code = run_all(args)
+        return run_all(args)  # packs after every family
     if args.archive:
         pack(args.out, args.archive)
     return code
