@@ -93,3 +93,24 @@ def test_page_shows_a_result_below_the_floor_as_invalid(tmp_path):
     assert "| B=4,T=100,K=8,C=3,semiring=Log | forward | 2 ms | 1 ms (0.5x) | invalid |" in text
     assert "### Invalid: below the hardware floor" in text
     assert "- B=4,T=100,K=8,C=3,semiring=Log `torch` forward: median 0.05 ms is below the bandwidth floor" in text
+
+
+def test_page_shows_each_devices_kernel_breakdown_and_checks(tmp_path):
+    """A family's page lists the breakdown (wall, kernels, floor, longest kernel, status) and the checks (verdict,
+    rows and failed rows) of every device folder that holds them."""
+    env = {"device": {"type": "cuda", "name": "Test GPU"}, "commit": "abc123", "versions": {}}
+    run = tmp_path / "results" / "sinkhorn" / "test-gpu"
+    run.mkdir(parents=True)
+    (run / "breakdown.json").write_text(json.dumps({"environment": env, "floors": "copy 3 TB/s", "cases": [
+        {"config": "B=4,n=4,iters=20,domain=log,dtype=float32", "phase": "forward", "status": "ok", "wall_us": 12.0,
+         "kernels_us": 3.5, "floor_us": 1.25, "kernels": [{"kernel": "sinkhorn_log_kernel", "us": 3.5}]}]}))
+    (run / "checks.json").write_text(json.dumps({**env, "checks": {
+        "routes": {"passed": False, "seconds": 3.0, "help": "every route", "rows": [{"ok": True}, {"ok": False}]},
+        "guards": {"passed": None, "status": "skipped: wall-clock budget spent"}}}))
+    site.write_pages(tmp_path / "results", pages=tmp_path / "pages")
+    text = (tmp_path / "pages" / "sinkhorn.md").read_text()
+    assert "## Kernel breakdown: Test GPU" in text and "## Checks: Test GPU" in text
+    assert ("| B=4,n=4,iters=20,domain=log,dtype=float32 | forward | 12.0 | 3.5 | 1.2 | `sinkhorn_log_kernel` 3.5 us "
+            "| ok |") in text
+    assert "| routes | FAILED | 2 (1) | 3 | every route |" in text
+    assert "| guards | skipped: wall-clock budget spent | 0 (0) | - |  |" in text
