@@ -14,14 +14,17 @@ Definitions (every ratio is computed here, at analysis time, from the medians in
   in log x and log r: ``x = exp(log x0 + (log x1 - log x0) * log r0 / (log r0 - log r1))``.
 - Speedup over the peer = time of the adapter's ``peer`` / time of this project's first implementation in the CSV,
   per configuration and phase (> 1: ours is faster).
+- Targets (the adapter's ``targets``): per target, matching configuration and phase, the metric of this project's
+  first implementation (``floor_fraction`` = floor / time, or ``speedup:<impl>`` = time of <impl> / ours), the
+  minimum and ``met``; a configuration where either side has no valid time is not met, and the note says why.
 - Summary: per implementation and phase, how many configurations ran and how (statuses), the geometric mean of
   ``time_ratio``, the median and best floor fraction, the largest peak memory.
 - Floor sanity: a row whose median is below its hardware floor is ``invalid`` (``runner.flag_below_floor``, applied
   when the CSV is read, so results written before the rule are flagged too): it enters no ratio, speedup or plot,
   and ``invalid_rows.csv`` lists it with the reason.
 
-Outputs: summary_stats.csv, invalid_rows.csv, baseline_ratios.csv, backward_forward_ratios.csv, <variant>_overhead.csv,
-crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per configuration and phase; time and
+Outputs: summary_stats.csv, invalid_rows.csv, targets.csv, baseline_ratios.csv, backward_forward_ratios.csv,
+<variant>_overhead.csv, crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per configuration and phase; time and
 floor bytes/s, with the copy-bandwidth floor, against each plot axis; throughput and memory per unit of size
 against the first; backward/forward ratios; ratio heatmaps per phase; variant overhead).
 
@@ -137,6 +140,41 @@ def crossovers(ratios: list[dict], adapter: adapters.Adapter) -> list[dict]:
                             "fixed": ",".join(f"{a}={v}" for a, v in zip(others, fixed)), "x0": x0, "x1": x1,
                             "ratio0": r0, "ratio1": r1, "crossover": x,
                             "baseline_faster": "above" if r1 > 1 else "below"})
+    return out
+
+
+def targets(rows: list[dict], adapter: adapters.Adapter) -> list[dict]:
+    """Every target of the adapter judged at each matching configuration and phase in the CSV (module docstring)."""
+    if not adapter.targets:
+        return []
+    ours = default_baseline(adapter, rows)
+    times = timed(rows)
+    by_key = {(r["config"], r["impl"], r["phase"]): r for r in rows}
+    out = []
+    for target in adapter.targets:
+        configs = dict.fromkeys(r["config"] for r in rows
+                                if all(str(r[axis]) == str(value) for axis, value in target.where.items()))
+        for config in configs:
+            for phase in target.phases:
+                mine = by_key.get((config, ours, phase))
+                if mine is None:
+                    continue
+                value, note = None, ""
+                if target.metric == "floor_fraction":
+                    value = finite(mine["floor_fraction"]) if mine["status"] == "ok" else None
+                    note = "" if value is not None else f"{ours} {mine['status']}"
+                else:
+                    other = target.metric.split(":", 1)[1]
+                    t_ours, t_other = times.get((config, ours, phase)), times.get((config, other, phase))
+                    if t_ours is not None and t_other is not None:
+                        value = t_other / t_ours
+                    else:
+                        note = "; ".join(f"{impl} {by_key[(config, impl, phase)]['status']}"
+                                         if (config, impl, phase) in by_key else f"{impl} not in the CSV"
+                                         for impl, t in ((ours, t_ours), (other, t_other)) if t is None)
+                out.append({"target": target.name, "config": config, "phase": phase, "metric": target.metric,
+                            "value": value, "minimum": target.minimum,
+                            "met": value is not None and value >= target.minimum, "note": note})
     return out
 
 
@@ -504,6 +542,7 @@ def analyze(csv_path: Path, out_dir: Path, fmt: str = "png", baseline: Optional[
         "summary_stats.csv": summary(rows, ratios),
         "invalid_rows.csv": [{k: r[k] for k in ("config", "impl", "phase", "time_ms", "floor_ms", "floor_kind",
                                                  "status")} for r in rows if r["status"].startswith("invalid")],
+        "targets.csv": targets(rows, adapter),
         "baseline_ratios.csv": ratios,
         "backward_forward_ratios.csv": backward_forward(rows),
         f"{adapter.variant_axis}_overhead.csv": variant_overhead(rows, adapter),

@@ -537,7 +537,7 @@ def flag_below_floor(rows: list[dict]) -> list[dict]:
 
 def read_results(path: Path) -> list[dict]:
     """The rows of a ``benchmark_full.csv`` with the floor rule applied (``flag_below_floor``)."""
-    return flag_below_floor(read_rows(path))
+    return flag_below_floor(read_rows(Path(path)))
 
 
 def finite(value: Any) -> Optional[float]:

@@ -3,7 +3,8 @@
 For each family (``adapters.families()``), ``traces/guide/benchmarks/<family>.md`` shows the committed run of
 every device in ``benchmarks/results/<family>/<device slug>/`` (the latest run per device; latest device first):
 device, commit, date, versions, floors; a table of medians and ratios per configuration and phase, where a median
-below the hardware floor reads ``invalid`` and is listed with the reason (``runner.flag_below_floor``); the key
+below the hardware floor reads ``invalid`` and is listed with the reason (``runner.flag_below_floor``); the
+adapter's targets, each met or not (``analysis.targets``); the key
 plots, copied next to the page into ``traces/guide/benchmarks/<family>/<device slug>/`` and shown one per row at
 the full width of the content), then each device's kernel breakdown (``breakdown.json``) and checks
 (``checks.json``). ``overhead.md`` gathers every family's public-call report
@@ -20,7 +21,7 @@ from typing import Optional
 
 from benchmarks import adapters
 from benchmarks.adapters import PHASES
-from benchmarks.analysis import baseline_ratios, default_baseline
+from benchmarks.analysis import baseline_ratios, default_baseline, targets
 from benchmarks.common import blob_id, fmt
 from benchmarks.runner import finite, read_results
 
@@ -122,6 +123,16 @@ def run_section(family: str, adapter: adapters.Adapter, run_dir: Path, header: d
             lines += ['<div class="benchmark-plot" markdown="1">', "",
                       f"![{Path(name).stem.replace('_', ' ')}]({family}/{name})", "", "</div>", ""]
     lines += ["### Medians", ""] + results_table(rows, adapter, baseline) + [""]
+    judged = targets(rows, adapter)
+    if judged:
+        met = sum(t["met"] for t in judged)
+        lines += ["### Targets", "", f"{met} of {len(judged)} met (`{baseline}`; a configuration without a valid time "
+                  "on either side is not met).", "", "| target | configuration | phase | value | required | met |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {t['target']} | {t['config']} | {t['phase']} | "
+                  f"{fmt(t['value'], '.3g') if t['value'] is not None else t['note'].split(':')[0]} | "
+                  f"{t['minimum']:g} | {'yes' if t['met'] else '**no**'} |" for t in judged]
+        lines += [""]
     invalid = [r for r in rows if r["status"].startswith("invalid")]
     if invalid:
         lines += ["### Invalid: below the hardware floor", "",

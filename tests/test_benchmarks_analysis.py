@@ -15,10 +15,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters  # noqa: E402
-from benchmarks.analysis import (analyze, line_figure, line_groups, line_plot, speedup_figure,  # noqa: E402
+from benchmarks.analysis import (analyze, line_figure, line_groups, line_plot, speedup_figure, targets,  # noqa: E402
                                  speedup_over_peer)
 from benchmarks.common import write_csv  # noqa: E402
-from benchmarks.runner import columns  # noqa: E402
+from benchmarks.runner import columns, read_results  # noqa: E402
 
 # (T, semiring, impl, phase) -> (time ms, peak MB); B, K, C fixed at 4, 8, 3.
 TIMES = {
@@ -242,3 +242,30 @@ def test_a_result_below_the_floor_is_flagged_not_a_speedup(tmp_path):
     summary = {(r["impl"], r["phase"]): r for r in table(tmp_path / "plots" / "summary_stats.csv")}
     assert summary[("torch", "forward")]["invalid"] == "1" and summary[("torch", "forward")]["ok"] == "0"
     assert summary[("triton", "forward")]["invalid"] == "0"
+
+
+def test_targets_are_judged_per_matching_configuration_and_phase(tmp_path):
+    """A speedup target and a floor-fraction target on the synthetic run: values from the CSV's medians (written
+    here), met when at least the minimum, not met with a note where a side has no time."""
+    import dataclasses
+
+    synthetic_csv(tmp_path / "benchmark_full.csv")
+    adapter = dataclasses.replace(adapters.load("semicrf"), targets=(
+        adapters.Target(">= 1x flash at T=100", {"T": 100}, ("forward", "both"), "speedup:flash-semicrf", 1.0),
+        adapters.Target("floor share at T=10000", {"T": 10000, "semiring": "Log"}, ("forward",), "floor_fraction",
+                        0.4)))
+    judged = targets(read_results(tmp_path / "benchmark_full.csv"), adapter)
+    got = {(t["target"][:4], t["config"].split(",")[1], t["config"].split(",")[-1], t["phase"]):
+           (t["value"], t["met"], t["note"]) for t in judged}
+    assert got == {
+        (">= 1", "T=100", "semiring=Log", "forward"): (0.5, False, ""),  # flash 1 ms / triton 2 ms
+        (">= 1", "T=100", "semiring=Log", "both"): (2.0, True, ""),  # 16 ms / 8 ms
+        (">= 1", "T=100", "semiring=Max", "forward"): (None, False, "flash-semicrf not in the CSV"),
+        ("floo", "T=10000", "semiring=Log", "forward"): (0.5, True, ""),  # floor 0.5 ms / 1 ms
+    }
+    analyze(tmp_path / "benchmark_full.csv", tmp_path / "plots", "png", plots=False)
+    assert table(tmp_path / "plots" / "targets.csv") == []  # the real adapter's targets name the anchors only
+    for bad in (dict(metric="speed"), dict(phases=("sideways",)), dict(phases=())):
+        with pytest.raises(ValueError):
+            adapters.Target(**{**dict(name="t", where={}, phases=("forward",), metric="floor_fraction",
+                                      minimum=1.0), **bad})

@@ -114,3 +114,21 @@ def test_page_shows_each_devices_kernel_breakdown_and_checks(tmp_path):
             "| ok |") in text
     assert "| routes | FAILED | 2 (1) | 3 | every route |" in text
     assert "| guards | skipped: wall-clock budget spent | 0 (0) | - |  |" in text
+
+
+def test_page_judges_the_adapters_targets(tmp_path, monkeypatch):
+    import dataclasses
+
+    from benchmarks import adapters
+
+    results = make_results(tmp_path, site.current_sources("semicrf"))
+    load = adapters.load
+    fake = dataclasses.replace(load("semicrf"), targets=(
+        adapters.Target(">= 1x flash-semicrf at T=100", {"T": 100, "semiring": "Log"}, ("forward", "both"),
+                        "speedup:flash-semicrf", 1.0),))
+    monkeypatch.setattr(adapters, "load", lambda family: fake if family == "semicrf" else load(family))
+    site.write_pages(results, pages=tmp_path / "pages")
+    text = (tmp_path / "pages" / "semicrf.md").read_text()
+    assert "### Targets" in text and "1 of 2 met (`triton`;" in text
+    assert "| >= 1x flash-semicrf at T=100 | B=4,T=100,K=8,C=3,semiring=Log | forward | 0.5 | 1 | **no** |" in text
+    assert "| >= 1x flash-semicrf at T=100 | B=4,T=100,K=8,C=3,semiring=Log | both | 2 | 1 | yes |" in text

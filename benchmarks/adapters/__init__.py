@@ -17,7 +17,9 @@ is the adapter of the family ``<family>`` (no list to edit). It defines ``ADAPTE
 - ``order(config)``: configurations sharing compiled kernels sort next to each other, cheapest first;
 - ``overhead_shapes`` and ``peer``: what the public-call overhead report and the kernel breakdown measure
   (``benchmarks/overhead.py``);
-- ``checks``: the family's GPU checks beyond timing (``Check``, run by ``python -m benchmarks check``).
+- ``checks``: the family's GPU checks beyond timing (``Check``, run by ``python -m benchmarks check``);
+- ``targets``: the claims its results must meet (``Target``: a floor fraction or a speedup over an implementation,
+  at least some value), judged by the analysis (``targets.csv``) and shown on the site.
 
 Adapters import their family lazily (inside ``build`` and the implementations), so that this package and the
 analysis work where a family is not installed.
@@ -71,6 +73,25 @@ class Impl:
     no_gradient: Callable[[dict], Optional[str]] = lambda config: None  # why backward cannot run, else None
     memory_bytes: Optional[Callable[[dict], float]] = None
     peer_of: str = ""  # the distribution (versions are recorded in the header)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A claim about a run: at every configuration matching ``where`` (axis -> value; the other axes any) and each
+    phase of ``phases``, ``metric`` of this project's first implementation is at least ``minimum``. Metrics:
+    ``floor_fraction`` (floor / time) or ``speedup:<impl>`` (time of <impl> / ours)."""
+
+    name: str
+    where: dict
+    phases: tuple[str, ...]
+    metric: str
+    minimum: float
+
+    def __post_init__(self):
+        if self.metric != "floor_fraction" and not self.metric.startswith("speedup:"):
+            raise ValueError(f"metric must be floor_fraction or speedup:<impl>, got {self.metric!r}")
+        if not set(self.phases) <= set(PHASES) or not self.phases:
+            raise ValueError(f"phases must be a non-empty subset of {PHASES}, got {self.phases!r}")
 
 
 class Evidence:
@@ -138,6 +159,7 @@ class Adapter:
     peer: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     checks: tuple[Check, ...] = ()
+    targets: tuple[Target, ...] = ()
 
     def impl(self, name: str) -> Impl:
         for impl in self.impls:

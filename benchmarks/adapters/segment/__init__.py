@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from benchmarks.adapters import Adapter, Axis, Impl, Prepared, dtype_of, importable
+from benchmarks.adapters import Adapter, Axis, Impl, Prepared, Target, dtype_of, importable
 from benchmarks.adapters.segment.checks import CHECKS
 
 ANCHOR_SHAPES = ((4194304, 64, 65536, "random"), (1048576, 256, 1024, "random"),
@@ -23,6 +23,11 @@ ANCHOR_SHAPES = ((4194304, 64, 65536, "random"), (1048576, 256, 1024, "random"),
 ANCHORS = tuple({"N": N, "D": D, "S": S, "dist": dist, "reduce": r, "dtype": "float32"}
                 for N, D, S, dist in ANCHOR_SHAPES for r in ("sum", "max"))
 REDUCES = ("sum", "mean", "max", "min")
+TARGETS = tuple(Target(f"forward >= {share:.0%} of the copy floor at N,D,S = {N},{D},{S}",
+                       {"N": N, "D": D, "S": S, "dist": "random", "dtype": "float32"}, ("forward",), "floor_fraction",
+                       share)
+                for N, D, S, share in ((4194304, 64, 65536, 0.8), (1048576, 256, 1024, 0.8),
+                                       (16777216, 16, 1048576, 0.8), (16777216, 16, 1, 0.6)))
 SCATTER = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin"}
 REFERENCE_MAX_ELEMENTS = 2**28
 PARETO_ALPHA = 1.2
@@ -158,4 +163,5 @@ ADAPTER = Adapter(
            "floor bytes: x read + output written (+ int32 argmax for max/min with backward); backward: upstream "
            "(+ argmax) read, grad_x written"),
     checks=CHECKS,
+    targets=TARGETS,
 )

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from benchmarks.adapters import Adapter, Axis, Impl, Prepared, importable
+from benchmarks.adapters import Adapter, Axis, Impl, Prepared, Target, importable
 from benchmarks.adapters.semicrf.checks import CHECKS
 
 REFERENCE_MAX_STEPS = 4096  # the float64 reference (a loop over T on the PyTorch route) runs up to this T
@@ -32,9 +32,12 @@ class Shape:
     C: int
 
 
-ANCHOR_SHAPES = (Shape(4, 1024, 16, 12), Shape(16, 4096, 32, 24), Shape(64, 1000, 100, 24), Shape(1, 100000, 64, 8),
-                 Shape(32, 25, 5, 20))
-ANCHORS = tuple({"B": s.B, "T": s.T, "K": s.K, "C": s.C, "semiring": "Log"} for s in ANCHOR_SHAPES)
+# the anchor shapes and the speed ratio over flash-semicrf each must reach (the family's targets)
+ANCHOR_TARGETS = {Shape(4, 1024, 16, 12): 10.0, Shape(16, 4096, 32, 24): 10.0, Shape(64, 1000, 100, 24): 20.0,
+                  Shape(1, 100000, 64, 8): 10.0, Shape(32, 25, 5, 20): 5.0}
+ANCHORS = tuple({"B": s.B, "T": s.T, "K": s.K, "C": s.C, "semiring": "Log"} for s in ANCHOR_TARGETS)
+TARGETS = tuple(Target(f">= {ratio:g}x flash-semicrf at {s.B},{s.T},{s.K},{s.C}", anchor, ("forward", "both"),
+                       "speedup:flash-semicrf", ratio) for (s, ratio), anchor in zip(ANCHOR_TARGETS.items(), ANCHORS))
 
 
 @dataclass(frozen=True)
@@ -241,4 +244,5 @@ ADAPTER = Adapter(
            "ours (triton) runs its backward recursion inside the forward of a training call (one kernel) and its "
            "backward only scales the saved gradients: compare the 'both' rows, not 'backward'"),
     checks=CHECKS,
+    targets=TARGETS,
 )

@@ -15,13 +15,23 @@ from typing import Optional
 
 import torch
 
-from benchmarks.adapters import Adapter, Axis, Impl, Prepared, dtype_of, importable, needs_cuda
+from benchmarks.adapters import Adapter, Axis, Impl, Prepared, Target, dtype_of, importable, needs_cuda
 from benchmarks.adapters.sinkhorn.checks import CHECKS
 
 ANCHOR_SIZES = ((32, 4), (4096, 4), (262144, 4), (262144, 8), (1048576, 4), (65536, 16))
 ANCHORS = tuple({"B": B, "n": n, "iters": 20, "domain": d, "dtype": "float32"}
                 for B, n in ANCHOR_SIZES for d in ("log", "prob"))
 EPS = 1e-6
+HEADLINE = {"B": 262144, "n": 4, "iters": 20, "dtype": "float32"}
+TARGETS = tuple(target for domain in ("log", "prob") for target in (
+    Target(f"{domain}: forward >= 50% of the copy floor at B=262144, n=4", {**HEADLINE, "domain": domain},
+           ("forward",), "floor_fraction", 0.5),
+    Target(f"{domain}: forward+backward >= 35% of its floor at B=262144, n=4", {**HEADLINE, "domain": domain},
+           ("both",), "floor_fraction", 0.35),
+    Target(f"{domain}: forward+backward >= 20x the naive loop at B=262144, n=4", {**HEADLINE, "domain": domain},
+           ("both",), "speedup:naive", 20.0))) + (
+    Target("faster than Liger wherever it runs (prob, float32)", {"domain": "prob", "dtype": "float32"},
+           ("forward", "both"), "speedup:liger", 1.0),)
 REFERENCE_MAX_ELEMENTS = 2**24  # the float64 autograd loop keeps 2*iters copies of x
 
 
@@ -171,4 +181,5 @@ ADAPTER = Adapter(
     notes=("naive: the family's definition as a PyTorch loop; compile: torch.compile(naive, dynamic=True)",
            "liger: mhc_split_sinkhorn_fwd (alpha 1, bias 0) and mhc_sinkhorn_bwd (recompute), prob domain"),
     checks=CHECKS,
+    targets=TARGETS,
 )
