@@ -23,8 +23,8 @@ from provable_kernels.semiring import KMaxSemiring, Log, LogSemiring, MaxSemirin
 
 BACKENDS = [pytest.param(True, id="triton"), pytest.param(False, id="torch")]
 # fullgraph=True fails on any graph break whatever the backend; "aot_eager" traces forward and backward through
-# AOTAutograd like inductor does, without its C++ code generation (minutes on a CI CPU). The GPU script
-# (benchmarks/gpu_semicrf_training.py) compiles with inductor.
+# AOTAutograd like inductor does, without its C++ code generation (minutes on a CI CPU). The GPU check
+# (`compile` in benchmarks/adapters/semicrf/checks.py) compiles with inductor.
 COMPILER = "aot_eager"
 
 
