@@ -18,6 +18,7 @@ default), the layout of ``benchmarks/results/``: the latest run per family and d
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -113,6 +114,8 @@ def run_family(family: str, args: argparse.Namespace, out: Path, impl_names: Opt
 
     adapter = adapters.load(family)
     impls = [adapter.impl(n) for n in (impl_names or adapter.default_impls)]
+    if not args.resume:  # a new run replaces the device's last one: its plots and tables no longer match
+        shutil.rmtree(out / "plots", ignore_errors=True)
     runner = Runner(adapter, impls, args.phases, torch.device(args.device), out, args.budget_s, seed=args.seed,
                     min_reps=args.min_reps, target_s=args.target_s, max_reps=args.max_reps, resume=args.resume,
                     progress=not args.no_progress)

@@ -197,12 +197,17 @@ def test_committed_results_keep_the_latest_run_per_family_and_device():
 
 def test_a_new_run_replaces_the_devices_results(tmp_path):
     """``run`` writes to results/<family>/<device slug>/ by default; a second run of the same family on the same
-    device replaces the first (one CSV, the second run's rows), and ``pack`` carries that layout."""
+    device replaces the first (one CSV, the second run's rows, the first run's plots gone), and ``pack`` carries
+    that layout."""
     out = tmp_path / "results"
+    stale_plot = common.run_dir(out, "semicrf", CPU) / "plots" / "time_vs_T.png"
     for T in ("4", "3"):
         assert main(["run", "--family", "semicrf", "--device", "cpu", "--B", "1", "--T", T, "--K", "2", "--C", "2",
                      "--backends", "torch", "--phases", "forward", "--repeats", "1", "--target-s", "0.005",
                      "--output-dir", str(common.run_dir(out, "semicrf", CPU)), "--no-progress"]) == 0
+        assert not stale_plot.exists()  # the previous run's analysis went with it
+        stale_plot.parent.mkdir(exist_ok=True)
+        stale_plot.write_bytes(b"a plot of the run at T = 4")
     runs = list(out.glob("*/*/benchmark_full.csv"))
     assert runs == [common.run_dir(out, "semicrf", CPU) / "benchmark_full.csv"]
     assert [r["T"] for r in read_results(runs[0])] == ["3"]
