@@ -30,11 +30,11 @@ import torch
 
 from provable_kernels import validate
 from provable_kernels.dispatch import triton_usable
-from provable_kernels.launch import FLOAT32_MAX, FLOAT32_TINY
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 X_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT32 = torch.finfo(torch.float32)  # empty reaches the kernels as two float32 halves (launch.float_halves)
 INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
 
 
@@ -113,7 +113,7 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
     reduce = validate.choice("reduce", reduce, REDUCTIONS)
     if isinstance(empty, bool) or not isinstance(empty, (int, float)):
         raise TypeError(f"empty must be a float, got {type(empty).__name__}")
-    if empty != 0 and math.isfinite(empty) and not FLOAT32_TINY <= abs(empty) <= FLOAT32_MAX:
+    if empty != 0 and math.isfinite(empty) and not FLOAT32.tiny <= abs(empty) <= FLOAT32.max:
         raise ValueError(f"empty must be 0, +-inf, NaN or in float32's normal range (the kernels take it as two "
                          f"float32 halves), got {empty!r}")
     if not isinstance(use_triton, bool):

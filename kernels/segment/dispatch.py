@@ -58,7 +58,7 @@ def ask_rows(call: SegmentCall) -> str:
     """``one_block`` when no segment can be long (N <= the Triton sizes' short rows: every segment is reduced by
     one program, one pass, no workspace), else ``blocked`` (long segments are cut into chunks whose partials a
     combine pass reduces in chunk order)."""
-    return "one_block" if triton_ops.one_block(call.rows, call.columns, call.x.device) else "blocked"
+    return "one_block" if triton_ops.one_block(call.rows, call.x.device) else "blocked"
 
 
 OP = Condition("op", ask_op, ("reduce", "adjoint"))

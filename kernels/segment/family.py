@@ -33,7 +33,7 @@ TOLERANCES = {
     torch.float16: Tolerance(atol=2e-3, rtol=2e-3),  # 2**-11 relative
 }
 EMPTY = -1.5  # the value of empty segments in every case (exact in every dtype)
-ONE_BLOCK_MAX = triton_ops.MIN_ROWS  # the chunk length of small problems: at most this many rows is one chunk
+ONE_BLOCK_MAX = triton_ops.INTERPRETED.short_rows  # the interpreter's short segments: at most this many rows is one pass
 # the index form each route without an index branch is verified with (both forms are reached across routes)
 FORMS = {"one_block": "ids", "blocked": "offsets", "sum": "offsets", "mean": "ids", "max": "ids", "min": "offsets"}
 
@@ -53,7 +53,7 @@ class CaseShape:
         return sum(self.lengths)
 
 
-SIZES = {  # (one chunk, segments spanning several chunks)
+SIZES = {  # (one pass, with long segments: fit adds one of two chunks)
     "small": ((3, 0, 5, 4), (3, 0, 25, 0, 1, 17, 0)),
     "tiny": ((2, 0, 3), (3, 0, 14, 0, 4)),
 }
@@ -73,16 +73,16 @@ def _regime(where: dict[str, str]) -> str:
     return where.get("rows", "blocked")
 
 
-def fit(route_id: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
-    """``lengths`` adjusted to the route's shape regime: trimmed to at most ONE_BLOCK_MAX rows for one_block
-    routes, extended by a segment that spans two chunks otherwise."""
+def fit(route_id: str, lengths: tuple[int, ...], device: torch.device = torch.device("cpu")) -> tuple[int, ...]:
+    """``lengths`` adjusted to the route's shape regime on ``device``: trimmed to at most its short rows for
+    one_block routes, extended by a segment that spans two chunks otherwise."""
     if _regime(_where(route_id)) == "one_block":
-        out, room = [], ONE_BLOCK_MAX
+        out, room = [], triton_ops.short_rows(device)
         for n in lengths:
             out.append(min(n, room))
             room -= out[-1]
         return tuple(out)
-    return tuple(lengths) + (ONE_BLOCK_MAX + 1,)  # 17 rows: two chunks, the second of one row
+    return tuple(lengths) + (triton_ops.spanning_rows(device),)  # two chunks, the second of one row
 
 
 def make_case_for(route_id: str, shape: CaseShape, dtype: torch.dtype, device: torch.device,
@@ -119,7 +119,7 @@ def make_case_for(route_id: str, shape: CaseShape, dtype: torch.dtype, device: t
 
 def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     one, several = SIZES[size]
-    lengths = one if _regime(_where(route_id)) == "one_block" else several
+    lengths = fit(route_id, one if _regime(_where(route_id)) == "one_block" else several, device)
     integers = _reduce(_where(route_id)) in ("max", "min")
     return make_case_for(route_id, CaseShape(lengths, TRAILING[size], integers, seed), dtype, device)
 
@@ -239,7 +239,7 @@ def problems(draw: Any, integers: bool = False) -> CaseShape:
 
 
 def _case(route_id: str, shape: CaseShape, device: torch.device, dtype: torch.dtype, sign: float = 0.0) -> Case:
-    return make_case_for(route_id, replace(shape, lengths=fit(route_id, shape.lengths)), dtype, device, sign)
+    return make_case_for(route_id, replace(shape, lengths=fit(route_id, shape.lengths, device)), dtype, device, sign)
 
 
 def _permuted(case: Case, seed: int) -> tuple[Case, torch.Tensor]:
@@ -430,14 +430,16 @@ _expect_reference = cases.matches_reference(
 
 # the backward's rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY
 # empty segments in one tile take three windows; placed at row ONE_BLOCK_MAX - 1, the last row of a backward tile
-# in both plans (16-row tiles on a GPU, 8-row tiles under the interpreter), every boundary of the windows equals
-# that row. In the forward they are MANY empty chunks sharing programs with the non-empty ones.
+# under the interpreter (8-row tiles), every boundary of the windows equals that row. In the forward they are MANY
+# empty short segments sharing programs with the non-empty ones.
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
-# chunks hold ONE_BLOCK_MAX rows at these sizes (every device): segments of one row less than a chunk, exactly one
-# chunk, one row more (a one-row second chunk), empty, exactly two chunks, short, and three chunks (the combine pass
-# reads two partials per lane, two steps); integer data: ties inside chunks, across chunks and across lanes. The
-# backward's 16-row tiles (8 under the interpreter) see segments ending one row before, on and after their edges.
-EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, ONE_BLOCK_MAX + 1, 0, 2 * ONE_BLOCK_MAX, 2, 2 * ONE_BLOCK_MAX + 5)
+# the interpreter's sizes: segments of one row less than and exactly the short rows (one pass), one row more (long,
+# one chunk), empty, exactly one chunk, one row more (a one-row second chunk), short, and one over more chunks than
+# the combine pass has lanes (two combine steps); integer data: ties inside chunks, across chunks and across lanes.
+# The backward's 8-row tiles see segments ending one row before, on and after their edges.
+_SIZES = triton_ops.INTERPRETED
+EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, ONE_BLOCK_MAX + 1, 0, _SIZES.min_chunk, _SIZES.min_chunk + 1, 2,
+         (_SIZES.combine_lanes + 1) * _SIZES.max_chunk - 3)
 SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
                         "segment.triton.*_backward")
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
@@ -448,7 +450,8 @@ ADVERSARIAL = (
                 expect=_expect_empty),
     Adversarial(f"{MANY} empty segments at the last row of a tile: that row finds its segment past the first "
                 f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries, all equal to it", ("segment.*",),
-                lambda c: _with_lengths(fit(c.route_id, (ONE_BLOCK_MAX - 1,) + (0,) * MANY + (1,)),
+                lambda c: _with_lengths(fit(c.route_id, (ONE_BLOCK_MAX - 1,) + (0,) * MANY + (1,),
+                                            c.kwargs["x"].device),
                                         f"{MANY} empty segments at row {ONE_BLOCK_MAX - 1}")(c),
                 expect=_expect_reference),
     Adversarial("every segment empty (N = 0)", NO_ROWS_ROUTES, _with_lengths((0, 0, 0), "N = 0"),
@@ -456,9 +459,10 @@ ADVERSARIAL = (
     Adversarial("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, _with_lengths((), "S = 0"), expect=_expect_empty),
     Adversarial("no columns (D = 0)", ("segment.*",), _with_trailing((0,), "D = 0")),
     Adversarial("+inf and -inf rows", ("segment.*",), _infinities, allow_inf=("value",)),
-    Adversarial(f"segments of one row less than, exactly, one row more than one and two {ONE_BLOCK_MAX}-row "
-                f"chunks, an empty one, one over three chunks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
-                lambda c: _with_trailing((3,), "D = 3")(_with_lengths(EDGES, f"lengths {EDGES}")(c)),
+    Adversarial(f"segments of one row less than, exactly, one row more than {ONE_BLOCK_MAX} (short) rows, of one and "
+                f"two chunks, an empty one, one over five chunks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
+                lambda c: _with_trailing((3,), "D = 3")(
+                    _with_lengths(fit(c.route_id, EDGES, c.kwargs["x"].device), f"lengths {EDGES}")(c)),
                 expect=_expect_reference),
     Adversarial("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
                                                                    "segment.triton.*.train.ids"),
@@ -581,7 +585,7 @@ FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, 
                 checks=("reference", "exact", "properties", "guards"),
                 signs=("grad", "derivative"), routes=("segment.*.train.*", "segment.*_backward")),
     FailureMode("out of memory", "segment/reduce-triton.md#dispatch-conditions", "guide/segment.md#backends",
-                "one (S, D) output and per-chunk partials (S + N / chunk rows); no (N, S) intermediate"),
+                "one (S, D) output and per-chunk partials (N / short rows); no (N, S) intermediate"),
     FailureMode("backend mismatch", "segment/reduce-triton.md#verification", "segment/reduce-torch.md#routes",
                 "reference check: both backends against the same float64 oracle", checks=("reference", "exact")),
     FailureMode("wrong route taken", "segment/index.md#dispatch-conditions", "segment/index.md#decision-tree",
@@ -606,12 +610,13 @@ FAMILY = Family(
     guards=(
         Guard("Arguments are validated before dispatch: wrong type, rank, dtype or device; both or neither index "
               "form; offsets not from 0 to N or decreasing; ids unsorted or out of range raise ValueError / "
-              "TypeError naming the argument (value checks: one batch; on CUDA no host read: a bad index swapped "
-              "for a valid one, outputs NaN when a check failed).", make_call),
-        Guard("Empty segments are one empty chunk each, written with `empty` by the chunk kernel (mean never divides "
-              "by zero), and receive no gradient: no row belongs to them.", segment_chunk_kernel.fn),
-        Guard("Segments longer than a chunk are combined in chunk order from per-chunk partials (max / min: ties to "
-              "the lowest row): no atomics, bitwise repeatable.", segment_combine_kernel.fn),
+              "TypeError naming the argument (value checks in host mode; on CUDA no host read: the Triton kernels "
+              "check the index themselves and write NaN for the segments it spoils).", make_call),
+        Guard("Empty segments are short segments without rows, written with `empty` by the chunk kernel (mean never "
+              "divides by zero), and receive no gradient: no row belongs to them.", segment_chunk_kernel.fn),
+        Guard("Long segments are cut into chunks from their first row and combined in chunk order from per-chunk "
+              "partials (max / min: ties to the lowest row): no atomics, bitwise repeatable, the same bits alone or "
+              "in any batch.", segment_combine_kernel.fn),
         Guard("The PyTorch backend's max / min gathers x at the first-occurrence arg, so autograd's gradient goes to "
               "exactly one row per (segment, column).", torch_ops.first_arg),
     ),

@@ -104,9 +104,19 @@ def chunk_rows(n: int, z: Sizes) -> int:
     return min(max(triton.next_power_of_2(math.ceil(n / z.target)), z.min_chunk), z.max_chunk)
 
 
-def one_block(N: int, D: int, device: torch.device) -> bool:
+def short_rows(device: torch.device) -> int:
+    """The most rows of a short segment on ``device`` (every D)."""
+    return sizes(1, device.type == "cpu").short_rows
+
+
+def spanning_rows(device: torch.device) -> int:
+    """Rows of a segment cut into two chunks on ``device``, the second of one row (verification cases)."""
+    return sizes(1, device.type == "cpu").min_chunk + 1
+
+
+def one_block(N: int, device: torch.device) -> bool:
     """True when no segment can be long (N <= short rows): one pass, no combine."""
-    return N <= sizes(D, device.type == "cpu").short_rows
+    return N <= short_rows(device)
 
 
 def _acc(dtype: torch.dtype) -> tuple[torch.dtype, object]:

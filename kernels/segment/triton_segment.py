@@ -65,6 +65,13 @@ def _bounds(offsets_ptr, s, live, N):
 
 
 @triton.jit
+def _block(flag, like):
+    """The scalar boolean ``flag`` as a boolean block shaped like ``like`` (block & scalar gives integers under the
+    interpreter, which a mask must not be)."""
+    return (like.to(tl.int32) * 0 + flag.to(tl.int32)) != 0
+
+
+@triton.jit
 def _ends_ok(offsets_ptr, N, S):
     """The offsets start at 0 and end at N."""
     return (tl.load(offsets_ptr) == 0) & (tl.load(offsets_ptr + S) == N)
@@ -151,11 +158,9 @@ def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, 
     return value, first, tl.max(tl.reshape(wrong, [G, L]), axis=1)
 
 
-@triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
-def segment_offsets_kernel(ids_ptr, offsets_ptr, N, S, BLOCK: tl.constexpr):
-    """CSR offsets from sorted ids: ``offsets[k]`` = the first row whose id is >= k (k in 0..S; a binary search
-    per k, so every entry is written once and nothing is read out of bounds whatever the ids hold)."""
-    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit
+def _lower_bounds(ids_ptr, k, N, BLOCK: tl.constexpr):
+    """The first row whose id is >= k, for each k (a binary search per lane)."""
     lo = tl.zeros([BLOCK], tl.int32)
     hi = tl.zeros([BLOCK], tl.int32) + N
     while tl.max((lo < hi).to(tl.int32), axis=0) > 0:
@@ -164,7 +169,15 @@ def segment_offsets_kernel(ids_ptr, offsets_ptr, N, S, BLOCK: tl.constexpr):
         right = active & (tl.load(ids_ptr + mid, mask=active, other=0) < k)
         lo = tl.where(right, mid + 1, lo)
         hi = tl.where(active & ~right, mid, hi)
-    tl.store(offsets_ptr + k, lo, mask=k <= S)
+    return lo
+
+
+@triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
+def segment_offsets_kernel(ids_ptr, offsets_ptr, N, S, BLOCK: tl.constexpr):
+    """CSR offsets from sorted ids: ``offsets[k]`` = the first row whose id is >= k (k in 0..S; a binary search
+    per k, so every entry is written once and nothing is read out of bounds whatever the ids hold)."""
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(offsets_ptr + k, _lower_bounds(ids_ptr, k, N, BLOCK), mask=k <= S)
 
 
 @triton.jit
@@ -184,7 +197,7 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
     sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
     ag, bg, valid_g = _bounds(offsets_ptr, sg, sg < S, N)
     length = bg - ag
-    bad = ~valid_g | (wrong != 0) | ~ends_ok
+    bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg)
     mine = ((sg < S) & (bad | (length <= SHORT)))[:, None] & cmask[None, :]
     value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE)
     value = tl.where((length == 0)[:, None], empty, value)
@@ -216,9 +229,10 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
                                 stride_xn, stride_xd, 1, LANES, BD, REDUCE, ACC, False, CHECK_IDS)
     real = real & (tl.max(wrong, axis=0) == 0)
     part_at = q.to(tl.int64) * D + cols64[None, :]
-    tl.store(part_v_ptr + part_at, v, mask=cmask[None, :] & real)
+    keep = cmask[None, :] & _block(real, cmask)[None, :]
+    tl.store(part_v_ptr + part_at, v, mask=keep)
     if REDUCE >= 2:
-        tl.store(part_i_ptr + part_at, i, mask=cmask[None, :] & real)
+        tl.store(part_i_ptr + part_at, i, mask=keep)
     tl.store(tag_ptr + q, tl.where(real, s, -1), mask=tl.program_id(1) == 0)
 
 
@@ -248,6 +262,43 @@ def segment_chunk_kernel(
                     ACC, CHECK_IDS)
 
 
+@triton.jit
+def _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, s, start, length, D, ends_ok, cols64, cmask,
+                     LANES: tl.constexpr, SHORT: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr,
+                     TARGET: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
+                     ACC: tl.constexpr):
+    """Long segment s (rows start .. start + length - 1): its partials, in slots start // SHORT .. + chunks - 1,
+    reduced by LANES lanes (lane l reads partials l, l + LANES, ...), as the chunk kernel reduces rows. NaN when a
+    slot's tag is not s or the offsets' ends are wrong."""
+    lane = tl.arange(0, LANES)
+    first = start // SHORT
+    stop = first + tl.cdiv(length, chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET))
+    v, i, _ = _reduce_lanes(part_v_ptr, part_i_ptr, tag_ptr, s, first + lane, stop + lane * 0, cols64, cmask,
+                            D, 1, 1, LANES, BD, REDUCE, ACC, True, False)
+    foreign = tl.zeros([LANES], tl.int32)
+    for t in range(0, tl.cdiv(stop - first, LANES)):
+        slot = first + t * LANES + lane
+        foreign = foreign | (tl.load(tag_ptr + slot, mask=slot < stop, other=s) != s).to(tl.int32)
+    bad = (tl.max(foreign, axis=0) != 0) | ~ends_ok
+    value = tl.where(bad, float("nan"), _finish(v, length.to(ACC), REDUCE))
+    out_at = s.to(tl.int64) * D + cols64[None, :]
+    tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=cmask[None, :])
+    if STORE_ARG:
+        tl.store(arg_ptr + out_at, tl.where(bad, -1, i), mask=cmask[None, :])
+
+
+@triton.jit
+def _next(todo, GROUP: tl.constexpr):
+    """The first member still to do (GROUP when none)."""
+    return tl.min(todo, axis=0)
+
+
+@triton.jit
+def _pick(values, member, k):
+    """``values[k]`` of a vector (exact: one nonzero term)."""
+    return tl.sum(tl.where(member == k, values, 0), axis=0)
+
+
 @triton.jit(do_not_specialize=("N", "S", "D"))  # sizes that change per batch compile nothing
 def segment_combine_kernel(
     offsets_ptr, part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, N, S, D,
@@ -255,9 +306,8 @@ def segment_combine_kernel(
     DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Program (p, q) finishes the long segments among p GROUP .. p GROUP + GROUP - 1, one after the other: the
-    partials in slots start // SHORT .. + chunks - 1 are reduced by LANES lanes (lane l reads partials l, l + LANES,
-    ...), as the chunk kernel reduces rows. NaN when a slot's tag is not the segment or the offsets' ends are wrong."""
+    """Program (p, q) finishes the long segments among p GROUP .. p GROUP + GROUP - 1, one after the other
+    (:func:`_combine_segment`); short ones were written by the chunk kernel."""
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
@@ -266,29 +316,14 @@ def segment_combine_kernel(
     sg = tl.program_id(0) * GROUP + member
     a, b, valid = _bounds(offsets_ptr, sg, sg < S, N)
     todo = tl.where(valid & (b - a > SHORT), member, GROUP)
-    k = tl.min(todo, axis=0)
-    lane = tl.arange(0, LANES)
+    k = _next(todo, GROUP)
     while k < GROUP:
-        s = tl.program_id(0) * GROUP + k
-        start = tl.sum(tl.where(member == k, a, 0), axis=0)
-        length = tl.sum(tl.where(member == k, b, 0), axis=0) - start
-        first = start // SHORT
-        stop = first + tl.cdiv(length, chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET))
-        v, i, _ = _reduce_lanes(part_v_ptr, part_i_ptr, tag_ptr, s, first + lane, stop + lane * 0, cols64, cmask,
-                                D, 1, 1, LANES, BD, REDUCE, ACC, True, False)
-        foreign = tl.zeros([LANES], tl.int32)
-        for t in range(0, tl.cdiv(stop - first, LANES)):
-            slot = first + t * LANES + lane
-            foreign = foreign | (tl.load(tag_ptr + slot, mask=slot < stop, other=s) != s).to(tl.int32)
-        bad = (tl.max(foreign, axis=0) != 0) | ~ends_ok
-        value = _finish(v, length.to(ACC), REDUCE)
-        value = tl.where(bad, float("nan"), value)
-        out_at = s.to(tl.int64) * D + cols64[None, :]
-        tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=cmask[None, :])
-        if STORE_ARG:
-            tl.store(arg_ptr + out_at, tl.where(bad, -1, i), mask=cmask[None, :])
+        start = _pick(a, member, k)
+        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, tl.program_id(0) * GROUP + k, start,
+                         _pick(b, member, k) - start, D, ends_ok, cols64, cmask, LANES, SHORT, MIN_CHUNK, DOUBLINGS,
+                         TARGET, BD, REDUCE, STORE_ARG, ACC)
         todo = tl.where(member == k, GROUP, todo)
-        k = tl.min(todo, axis=0)
+        k = _next(todo, GROUP)
 
 
 @triton.jit
@@ -336,7 +371,7 @@ def segment_backward_kernel(
     seg = row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS, BK)
     start = tl.load(offsets_ptr + seg, mask=rmask, other=0)
     end = tl.load(offsets_ptr + seg + 1, mask=rmask, other=1)
-    inside = (start <= rows) & (rows < end) & _ends_ok(offsets_ptr, N, S)
+    inside = (start <= rows) & (rows < end) & _block(_ends_ok(offsets_ptr, N, S), rows)
     if IDS:
         inside = inside & (tl.load(ids_ptr + rows, mask=rmask, other=0) == seg)
     seg64 = seg.to(tl.int64)[:, None]
