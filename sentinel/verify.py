@@ -31,8 +31,8 @@ asserts) is tested by the host-sync policy tests.
   canary-filled guard regions, which must stay intact); a masked read past the end fails though its value never
   shows. On CUDA it does not run (the kernels run compiled): ``--sanitize``'s ``memcheck`` is its counterpart.
 - ``opcheck`` (:mod:`kernel_sentinel.opcheck`, at the ``tiny`` size): every custom op the route calls passes
-  ``torch.library.opcheck`` (schema, autograd registration, fake implementation, AOT autograd with dynamic
-  shapes) at the route's own arguments: what ``torch.compile`` runs instead of the eager fast path.
+  ``torch.library.opcheck`` (schema, autograd registration, fake implementation) at the route's own arguments:
+  what ``torch.compile`` runs instead of the eager fast path.
 
 ``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
 (:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's
