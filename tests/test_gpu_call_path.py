@@ -87,11 +87,7 @@ def compiled_kernels() -> int:
     return sum(len(cache[0]) for fn in kernels.values() for cache in fn.device_caches.values())
 
 
-SEGMENT_OPEN = pytest.mark.xfail(strict=True, reason="segment still builds its chunk table and value checks with "
-                                 "torch ops (about 20 launches): the open part of the call-path issue")
-
-
-@pytest.mark.parametrize("family", [pytest.param(f, marks=SEGMENT_OPEN) if f == "segment" else f for f in FAMILIES])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_launches_per_public_call(family):
     spec = FAMILIES[family]
     inputs = spec.make(random.Random(0), False)
@@ -113,13 +109,7 @@ def _around_the_call(family: str, inputs: dict, out: torch.Tensor) -> None:
     torch.autograd.grad((leaf * weight).sum(), [leaf])
 
 
-SEGMENT_COMPILES = pytest.mark.xfail(strict=True, reason="segment's plan picks its chunk rows and lanes from N and S "
-                                     "(constexprs): 15 new compilations in 20 steps, the open part of the call-path "
-                                     "issue")
-
-
-@pytest.mark.parametrize("family", [pytest.param(f, marks=SEGMENT_COMPILES) if f == "segment" else f
-                                    for f in FAMILIES])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_changing_sizes_compile_at_most_two_kernels_after_the_first_step(family):
     """20 training steps with sizes drawn at random (both size buckets) compile at most two new kernels after the
     first step of each bucket has run."""

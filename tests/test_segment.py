@@ -297,3 +297,128 @@ def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
         assert torch.isnan(leaf.grad).any()
         good = segment_reduce(x, "sum", offsets=torch.tensor([0, 2, 2, 6]), use_triton=use_triton)
     torch.testing.assert_close(good.double(), oracle.segment_reduce(x, "sum", [0, 2, 2, 6]), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- the thin call path
+
+
+class _DeviceWork:
+    """Kernel launches (through provable_kernels.launch.Launcher) and the torch ops that do device work (anything
+    but allocations and views) while active; the interpreter's own tensor traffic inside a launch is not counted."""
+
+    FREE = {"empty.memory_format", "empty_strided.default", "view.default", "_unsafe_view.default", "alias.default",
+            "detach.default", "reshape.default", "as_strided.default", "expand.default"}
+
+    def __init__(self, monkeypatch):
+        from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+        from provable_kernels.launch import Launcher
+
+        self.launches, self.ops = [], []
+        work = self
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.__name__ if "." in func.__name__ else f"{func.__name__}.default"
+                if name not in work.FREE and func.namespace != "provable_kernels":  # our ops: their kernels count
+                    work.ops.append(name)
+                return func(*args, **(kwargs or {}))
+
+        launch = Launcher.launch
+
+        def counted(launcher, grid, args, opts):
+            self.launches.append(launcher.kernel.__name__)
+            with _disable_current_modes():
+                return launch(launcher, grid, args, opts)
+
+        monkeypatch.setattr(Launcher, "launch", counted)
+        self.mode = Record()
+
+    def __enter__(self):
+        self.launches.clear()
+        self.ops.clear()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_public_call_runs_only_kernels(monkeypatch, reduce, form):
+    """What a CUDA call does (value checks on the device): no torch op does device work, one forward launch without
+    long segments, two with (the combine pass), one more with ids (their offsets), one backward launch."""
+    from provable_kernels import validate
+
+    work = _DeviceWork(monkeypatch)
+    for lengths, forward in (([3, 0, 1, 4], 1), ([3, 0, 25, 0, 1, 17, 0], 2)):
+        x, offsets, ids = problem(lengths, D=3)
+        leaf = x.clone().requires_grad_()
+        upstream = torch.ones(len(lengths), 3)
+        with validate.value_checks("device"):
+            with work:
+                segment_reduce(x, reduce, **index_kwargs(form, offsets, ids))
+            assert not work.ops, work.ops
+            assert len(work.launches) == forward + (form == "ids"), work.launches
+            with work:
+                out = segment_reduce(leaf, reduce, **index_kwargs(form, offsets, ids))
+                torch.autograd.grad(out, leaf, upstream)
+            assert not work.ops, work.ops
+            assert len(work.launches) == forward + (form == "ids") + 1, work.launches
+
+
+def test_sizes_never_change_the_constexprs(monkeypatch):
+    """Every launch of a kernel for one D, reduction, dtype and index form gets the same constexprs whatever N and S
+    (so a GPU compiles each kernel once), and the GPU's sizes depend on D's column block only."""
+    from provable_kernels.launch import Launcher
+    from provable_kernels.segment import triton_ops
+
+    seen: dict = {}
+    launch = Launcher.launch
+
+    def record(launcher, grid, args, opts):
+        seen.setdefault(launcher.kernel.__name__, set()).add(tuple(sorted(opts.meta.items())))
+        return launch(launcher, grid, args, opts)
+
+    monkeypatch.setattr(Launcher, "launch", record)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        S = int(torch.randint(1, 9, (1,), generator=gen))
+        lengths = torch.randint(0, 40, (S,), generator=gen).tolist()
+        x, offsets, ids = problem(lengths, D=3, seed=S)
+        leaf = x.clone().requires_grad_()
+        segment_reduce(leaf, "max", ids=ids, num_segments=S).sum().backward()
+    assert set(seen) == {"segment_offsets_kernel", "segment_chunk_kernel", "segment_combine_kernel",
+                         "segment_backward_kernel"}
+    assert all(len(metas) == 1 for metas in seen.values()), seen
+    assert triton_ops.sizes(16) == triton_ops.sizes(9) != triton_ops.sizes(17)
+
+
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_batch_invariance(reduce, form):
+    """A segment's output and gradient are bitwise the same reduced alone and at any position among random
+    neighbours (short ones, long ones of several chunks, empty ones): its order of operations depends on its own
+    rows only. Segments: short, long of one chunk, long of several chunks (several combine steps)."""
+    gen = torch.Generator().manual_seed(9)
+    for n in (5, 13, 150):
+        item = torch.randn(n, 3, generator=gen)
+        g_item = torch.randn(1, 3, generator=gen)
+
+        def reduced(before, after):
+            lengths = before + [n] + after
+            x, offsets, ids = problem(lengths, D=3, seed=len(lengths) + sum(lengths))
+            start = sum(before)
+            x[start:start + n] = item
+            upstream = torch.randn(len(lengths), 3, generator=gen)
+            upstream[len(before)] = g_item
+            value, grad, _ = run(x, reduce, upstream, **index_kwargs(form, offsets, ids))
+            return value[len(before)], grad[start:start + n]
+
+        alone = reduced([], [])
+        for before, after in (([7, 0, 40], [3]), ([60, 2], [11, 0, 33]),
+                              ([int(v) for v in torch.randint(0, 50, (3,), generator=gen)], [1])):
+            value, grad = reduced(before, after)
+            assert torch.equal(value, alone[0]), (n, before, after)
+            assert torch.equal(grad, alone[1]), (n, before, after)

@@ -52,6 +52,7 @@ def _setup_context(ctx, inputs, output) -> None:
     if reduce in ("max", "min") and not want_arg:  # verify: unreached (internal guard: training routes ask for the arg)
         raise ValueError("want_arg must be True for a differentiable max / min (the backward reads arg)")
     ctx.save_for_backward(offsets if offsets is not None else output[2], ids, output[1])
+    ctx.set_materialize_grads(False)  # no zero gradients made for arg and csr (integers: a launch each on CUDA)
     ctx.reduce, ctx.rows = reduce, x2.shape[0]
 
 
