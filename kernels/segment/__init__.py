@@ -9,13 +9,14 @@ to its segment and the first NaN is the arg. float32, float64, bfloat16 and floa
 (float64 for float64). The standalone adjoints ``segment_max_backward(grad_output, x, *, offsets=None,
 ids=None)`` and ``segment_min_backward`` recompute the arg and are bitwise equal to the autograd path.
 
-The Triton forward cuts segments into chunks of at most R rows (R from the row count alone) and reduces each chunk
-in registers, several short chunks per program; chunks of a segment longer than R are combined in chunk order by
-a second pass, so many short segments and one segment of millions of rows both fill the GPU; no atomics,
-bitwise repeatable. Value checks (sortedness, ranges) are one
-batch of device reductions: on CPU tensors a failed check raises the named error (one host read); on CUDA
-nothing is read on the host, a bad index is swapped for a valid one and the outputs are NaN when a check failed. The
-ids form without ``num_segments`` reads S from the device (a host sync).
+The Triton forward reduces each short segment (at most 256 rows on a GPU) in registers, several per program, and
+cuts a longer one, from its first row, into chunks whose size comes from its own length; a second pass combines the
+chunks in chunk order, so many short segments and one segment of millions of rows both fill the GPU. No atomics,
+bitwise repeatable, and a segment's bits do not depend on the other segments of the batch. A public call is one or
+two kernel launches (one more for the ids form), the backward one; nothing else runs on the device. Value checks
+(sortedness, ranges): on CPU tensors a failed check raises the named error (one host read); on CUDA nothing is read
+on the host, the kernels check the index themselves and the segments a bad index spoils are NaN. The ids form
+without ``num_segments`` reads S from the device (a host sync).
 """
 from provable_kernels.segment.dispatch import (
     TREE,

@@ -33,7 +33,7 @@ TOLERANCES = {
     torch.float16: Tolerance(atol=2e-3, rtol=2e-3),  # 2**-11 relative
 }
 EMPTY = -1.5  # the value of empty segments in every case (exact in every dtype)
-ONE_BLOCK_MAX = triton_ops.INTERPRETED.short_rows  # the interpreter's short segments: at most this many rows is one pass
+ONE_BLOCK_MAX = triton_ops.INTERPRETED.short_rows  # the interpreter's short rows: at most this many is one pass
 # the index form each route without an index branch is verified with (both forms are reached across routes)
 FORMS = {"one_block": "ids", "blocked": "offsets", "sum": "offsets", "mean": "ids", "max": "ids", "min": "offsets"}
 
