@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from provable_kernels import alloc
-from provable_kernels.launch import Launcher
 from kernel_sentinel.checks import compare_outputs, run_route
 from kernel_sentinel.family import Case, Family, Tolerance
 from kernel_sentinel.generic import Verdict, fresh_case
@@ -51,10 +50,12 @@ def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
     of the kernel named ``removed`` do nothing (its outputs stay as allocated)."""
     if removed is not None and not isinstance(removed, str):
         raise TypeError(f"removed must be a kernel name (str) or None, got {type(removed).__name__}")
+    from provable_kernels.launch import Launcher  # here: it imports Triton, which must follow the interpreter switch
+
     original = Launcher.launch
     launched: list[str] = []
 
-    def launch(self: Launcher, grid: tuple, args: tuple, opts: Any) -> None:
+    def launch(self: Any, grid: tuple, args: tuple, opts: Any) -> None:
         name = kernel_name(self.kernel)
         launched.append(name)
         if name != removed:

@@ -91,6 +91,22 @@ def test_library_imports_neither_sentinel_nor_hypothesis():
     assert "provable_kernels.semicrf" in RUNTIME and "provable_kernels.semicrf.oracle" in RUNTIME
 
 
+def test_sentinel_imports_no_triton_before_the_interpreter_switch():
+    """``sentinel`` switches the Triton interpreter on (``TRITON_INTERPRET=1``) after parsing its arguments, so no
+    sentinel module may import Triton (or a kernel module) when it is imported: kernels then built for a GPU driver
+    fail under the interpreter ("Cannot call @triton.jit'd outside of the scope of a kernel")."""
+    modules = sorted(f"kernel_sentinel.{p.stem}" for p in (REPO_ROOT / "sentinel").glob("*.py")
+                     if p.stem not in ("__main__", "mutate"))
+    code = ("import importlib, json, os, sys\n"
+            "os.environ.pop('TRITON_INTERPRET', None)\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'triton')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
 def test_only_the_registry_imports_family_modules():
     """No file of the library, of sentinel (but the registry) or of the tests imports a ``family.py`` module."""
     offenders = []
