@@ -76,9 +76,11 @@ class Sizes:
         return self.min_chunk << self.doublings
 
 
-# a GPU: short segments of <= 256 rows (4 lanes each: about the tuned lanes at an average length of 16), long ones
-# in chunks of 512 .. 4096 rows (about 4096 chunks per segment: one 16M-row segment fills the GPU like many short ones)
-COMPILED = dict(short_lanes=4, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=256)
+# a GPU: short segments of <= 256 rows, 8 lanes each (a program's steps follow its longest segment: at an average
+# length of 16, 8 lanes x 8 segments waste no more lanes than the old sweep's 4 x 16, and 100-row segments take half
+# the steps), long ones in chunks of 512 .. 4096 rows (about 4096 chunks per segment: one 16M-row segment fills the
+# GPU like many short ones)
+COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=256)
 # the interpreter: 8-row tiles; segments over 8 rows are long, in chunks of 16 or 32 rows (2 chunks at 17-32 rows)
 INTERPRETED = Sizes(lanes=8, short_lanes=2, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
                     combine_group=4, backward_rows=8, block_d=0)
