@@ -155,19 +155,22 @@ class _CheckedInterpreter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def load(self, pointers, mask, other, dtype):  # noqa: ANN001, ANN201 (the C++ signature)
+    # the C++ module's signatures: pointers (uint64 addresses), mask (bool), values as NumPy arrays
+    def load(self, pointers: numpy.ndarray, mask: numpy.ndarray, other: numpy.ndarray, dtype: Any) -> Any:
         mask = _WATCH.access("load", pointers, mask, numpy.dtype(dtype).itemsize)
         return self._inner.load(pointers, mask, other, dtype)
 
-    def store(self, pointers, value, mask):  # noqa: ANN001, ANN201
+    def store(self, pointers: numpy.ndarray, value: numpy.ndarray, mask: numpy.ndarray) -> Any:
         mask = _WATCH.access("store", pointers, mask, numpy.asarray(value).dtype.itemsize)
         return self._inner.store(pointers, value, mask)
 
-    def atomic_rmw(self, op, pointers, value, mask, semantic):  # noqa: ANN001, ANN201
+    def atomic_rmw(self, op: Any, pointers: numpy.ndarray, value: numpy.ndarray, mask: numpy.ndarray,
+                   semantic: Any) -> Any:
         mask = _WATCH.access("atomic_rmw", pointers, mask, numpy.asarray(value).dtype.itemsize)
         return self._inner.atomic_rmw(op, pointers, value, mask, semantic)
 
-    def atomic_cas(self, pointers, compare, value, semantic):  # noqa: ANN001, ANN201
+    def atomic_cas(self, pointers: numpy.ndarray, compare: numpy.ndarray, value: numpy.ndarray,
+                   semantic: Any) -> Any:
         before = len(_WATCH.problems)
         _WATCH.access("atomic_cas", pointers, None, numpy.asarray(value).dtype.itemsize)
         if len(_WATCH.problems) > before:  # no mask to switch lanes off: stop the kernel before it writes
@@ -248,7 +251,7 @@ def _checked_launch(original: Any) -> Any:
     """:meth:`Launcher.launch` running each interpreted launch on redzoned copies under the address check."""
 
     def launch(self: Any, grid: tuple, args: tuple, opts: Any) -> None:
-        if self.compiled:  # verify: unreached (compiled kernels: CUDA, where this check does not run)
+        if self.compiled:  # compiled kernels (CUDA): nothing to check here
             return original(self, grid, args, opts)
         names = _names(self.kernel, len(args))
         zones: dict[int, _Redzone] = {}

@@ -7,9 +7,9 @@ what compile runs, while a plain eager call skips the dispatcher and never runs 
 makes every :class:`~provable_kernels.custom_ops.Op` call go through the custom-op dispatcher, as under compile;
 the first call of each op in the ``provable_kernels`` namespace is kept with its arguments. Each kept call then
 runs through ``torch.library.opcheck`` (:data:`TESTS`: the schema, the autograd registration, and the fake
-implementation against the real one's output metadata). The arguments are copies; those of an op the route differentiated (its backward pass reached
-the op's outputs) require grad where the route's did, those of the others (a backward op, an inference call, an
-op whose outputs get no gradient) do not.
+implementation against the real one's output metadata). The arguments are copies; those of an op the route
+differentiated (its backward pass reached the op's outputs) require grad where the route's did, those of the
+others (a backward op, an inference call, an op whose outputs get no gradient) do not.
 
 A Triton route that calls no custom op fails: compile would trace into its kernel launch. Another route without
 one passes with nothing to check (PyTorch's own operations trace as they are).
