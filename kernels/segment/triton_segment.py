@@ -163,12 +163,14 @@ def _lower_bounds(ids_ptr, k, N, BLOCK: tl.constexpr):
     """The first row whose id is >= k, for each k (a binary search per lane)."""
     lo = tl.zeros([BLOCK], tl.int32)
     hi = tl.zeros([BLOCK], tl.int32) + N
-    while tl.max((lo < hi).to(tl.int32), axis=0) > 0:
+    more = N > 0
+    while more:
         active = lo < hi
         mid = (lo + hi) // 2
         right = active & (tl.load(ids_ptr + mid, mask=active, other=0) < k)
         lo = tl.where(right, mid + 1, lo)
         hi = tl.where(active & ~right, mid, hi)
+        more = tl.max((lo < hi).to(tl.int32), axis=0) > 0
     return lo
 
 
@@ -221,7 +223,7 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
     length = b - a
     rows = chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET)
     j = q - a // SHORT
-    real = valid & (length > SHORT) & (j >= 0) & (j * rows < length)
+    real = valid & (length > SHORT) & (j >= 0) & (j < tl.cdiv(length, rows))  # j * rows could overflow
     lo = tl.where(real, a + j * rows, 0)
     hi = tl.where(real, tl.minimum(lo + rows, b), 0)
     lane = tl.arange(0, LANES)
