@@ -176,7 +176,8 @@ def segment_reduce(
     ``num_segments`` the ids form reads S = ids[-1] + 1 (one host sync). Empty segments give ``empty`` (0, +-inf,
     NaN or a float in float32's normal range) and no gradient. max / min send the whole upstream gradient to the
     first row holding the extreme value, whatever its sign; NaN propagates and the first NaN is the arg. Sums
-    accumulate in float32 (float64 for float64). Runs the Triton kernels when ``use_triton`` and Triton can run on the device, else PyTorch.
+    accumulate in float32 (float64 for float64). Runs the Triton kernels when ``use_triton`` and Triton can run on
+    the device, else PyTorch.
     """
     call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
     return validate.poison(call.flag, TREE.dispatch(call))
