@@ -309,3 +309,25 @@ def test_a_ported_gpu_check_runs_under_the_interpreter():
     assert result["passed"] is True, result
     assert result["rows"][0]["grad_dtypes"] == ["torch.bfloat16", "torch.float16", "torch.float32", "torch.bfloat16",
                                                 "torch.float16"]
+
+
+def test_the_semicrf_gpu_checks_reach_the_apis_they_use():
+    """The pieces the GPU-only semi-CRF checks call (the precision comparison against float64, a prebuilt call's
+    Viterbi and max partition on both backends, the forward chains the host-stage check times), on a tiny CPU
+    problem: an API they use that moves fails here, not only on the GPU."""
+    from provable_kernels.semicrf import torch_ops, triton_ops
+
+    from benchmarks.adapters.semicrf import checks
+
+    evidence = adapters.Evidence()
+    checks.against_float64(evidence, checks.model(2, 6, 3, 2, CPU, proj=True, trans3d=True), {"case": "tiny"})
+    assert evidence.passed and evidence.rows[0]["logZ_rel"] <= checks.LOGZ_TOL, evidence.rows
+    args = checks.model(2, 6, 3, 2, CPU, dtype=torch.float64)
+    got, want = triton_ops.viterbi(checks.call_of(args, "max", "viterbi")), torch_ops.viterbi(
+        checks.call_of(args, "max", "viterbi"))
+    assert torch.equal(got.labels, want.labels) and torch.equal(got.durations, want.durations)
+    best = triton_ops.partition(checks.call_of(args, "max", "partition"))
+    torch.testing.assert_close(best, want.scores, rtol=0, atol=1e-12)
+    call = checks.call_of(checks.model(2, 6, 3, 2, CPU, variable=False), "log", "partition")
+    assert triton_ops._forward(triton_ops._plan(call), True, torch.float64).shape == (2,)
+    assert triton_ops.train_forward(call) is not None

@@ -247,7 +247,7 @@ def mixed(out: Evidence, device: torch.device, budget_s: float) -> None:
 
 
 def call_of(args: dict, semiring: str, op: str):
-    from provable_kernels.semicrf.dispatch import make_call
+    from provable_kernels.semicrf.call import make_call
 
     return make_call(op, args["cum_scores"], args["transition"], args["duration_bias"], args["lengths"], args["K"],
                      semiring, args["proj_start"], args["proj_end"], True)
