@@ -53,12 +53,6 @@ class Deadline:
     def remaining(self) -> float:
         return self.budget_s - self.elapsed()
 
-    def share(self, fraction: float) -> "Deadline":
-        """A deadline with the same start that ends after ``fraction`` of this one's budget."""
-        part = Deadline(self.budget_s * fraction)
-        part.start = self.start
-        return part
-
 
 # ------------------------------------------------------------------------------------------------ failures
 
@@ -309,12 +303,6 @@ def measure_floors(timer: Timer) -> Floors:
 # ------------------------------------------------------------------------------------------------ accuracy
 
 
-def rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |value - reference| / max(|reference|, tiny), elementwise, in float64."""
-    v, r = value.double().cpu(), reference.double().cpu()
-    return float(((v - r).abs() / r.abs().clamp_min(1e-300)).max())
-
-
 def normwise_rel_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     """||value - reference||_2 / ||reference||_2 in float64 (0 when both are zero), on ``value``'s device."""
     v, r = value.double(), reference.double().to(value.device)
@@ -424,41 +412,3 @@ def print_table(title: str, rows: Sequence[dict], columns: Sequence[tuple[str, s
     for row in rows:
         table.add_row(*(fmt(row.get(key), spec) for key, _, spec in columns))
     Console(width=200).print(table)
-
-
-def bar_chart(path: Path, title: str, groups: Sequence[str], series: dict[str, Sequence[Optional[float]]],
-              ylabel: str, targets: Optional[dict[str, Sequence[Optional[float]]]] = None) -> Optional[str]:
-    """Grouped bar chart (log y, a line at 1) saved to ``path``: one bar per series and group, 'n/a' where a value
-    is missing, and red marks at ``targets[series]``. Returns None, or why no chart was drawn (no matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter
-    except ImportError as exc:
-        return f"no chart: {exc}"
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.0))
-    width = 0.8 / max(1, len(series))
-    for i, (label, values) in enumerate(series.items()):
-        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, [v if v else 0.0 for v in values], width, label=label)
-        for x, v in zip(xs, values):
-            if not v:
-                ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=7)
-        marks = [(x, t) for x, t in zip(xs, (targets or {}).get(label, ())) if t is not None]
-        if marks:
-            ax.scatter(*zip(*marks), marker="_", s=400, color="red", zorder=3,
-                       label=f"target ({label})")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(groups)), groups, fontsize=8)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return None
