@@ -151,3 +151,39 @@ def test_compiled_public_call_equals_eager_bitwise(family):
     grads = torch.autograd.grad((out * weight).sum(), [inputs[k] for k in FLOATS[family]])
     for a, b in zip(_step(family, inputs), (out.detach(), *grads)):
         assert torch.equal(a, b)
+
+
+def _output_and_gradient(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, item: int,
+                         weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = x.clone().requires_grad_()
+    out = call(leaf)
+    return out[item].detach(), torch.autograd.grad((out[item] * weight).sum(), [leaf])[0]
+
+
+@pytest.mark.parametrize("domain", ["log", "prob"])
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_a_sinkhorn_matrix_is_batch_invariant_in_both_packings(n, domain):
+    """Batches above a threshold pack more matrices per program (the large bucket), and every program's tile
+    layout follows its packing: a matrix's output and gradient are bitwise those of the matrix alone all the same."""
+    torch.manual_seed(n)
+    batch = torch.randn(300000 if n == 4 else 60000, n, n, device=DEVICE)
+    item, weight = len(batch) // 2 + 3, torch.randn(n, n, device=DEVICE)
+    call = lambda x: sinkhorn(x, 20, domain)  # noqa: E731
+    packed = _output_and_gradient(call, batch, item, weight)
+    alone_out, alone_grad = _output_and_gradient(call, batch[item:item + 1], 0, weight)
+    assert torch.equal(packed[0], alone_out) and torch.equal(packed[1][item], alone_grad[0])
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_a_segment_is_batch_invariant_in_a_large_problem(reduce):
+    """A segment of 5000 rows reduced alone and as one of 1000 segments of 2M rows (other chunk plans, tiles and
+    programs): bitwise the same output and gradient rows."""
+    torch.manual_seed(0)
+    N, S, D = 2_000_000, 1000, 16
+    inner = torch.randint(1, N, (S - 2,), device=DEVICE).sort().values
+    offsets = torch.cat([torch.tensor([0, 5000], device=DEVICE), inner.clamp(min=5000),
+                         torch.tensor([N], device=DEVICE)])
+    x, weight = torch.randn(N, D, device=DEVICE), torch.randn(D, device=DEVICE)
+    packed = _output_and_gradient(lambda t: segment_reduce(t, reduce, offsets=offsets), x, 0, weight)
+    alone = _output_and_gradient(lambda t: segment_reduce(t, reduce, offsets=offsets[:2]), x[:5000], 0, weight)
+    assert torch.equal(packed[0], alone[0]) and torch.equal(packed[1][:5000], alone[1])
