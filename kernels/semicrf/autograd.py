@@ -107,11 +107,11 @@ def _log_backward_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor,
         grads = torch_ops.backward(call, torch_ops.forward_checkpointed(call)[1], None, grad)
     else:
         grads = triton_ops.backward(call, saved[0], grad)
-    return [g for g in grads if g is not None]
+    return [g.contiguous() for g in grads if g is not None]  # the fake's layout (the torch backend's may be views)
 
 
 def _log_backward_fake(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend):
-    return [torch.empty_like(x) for x in (cum, trans, dur, ps, pe) if x is not None]
+    return [x.new_empty(x.shape) for x in (cum, trans, dur, ps, pe) if x is not None]  # contiguous, as the impl
 
 
 def _viterbi_impl(cum: Tensor, trans: Tensor, dur: Tensor, lengths: Tensor, ps: Optional[Tensor],
