@@ -295,6 +295,9 @@ def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
         leaf = x.clone().requires_grad_()
         segment_reduce(leaf, "sum", offsets=torch.tensor([0, 4, 2, 6]), use_triton=use_triton).sum().backward()
         assert torch.isnan(leaf.grad).any()
+        if use_triton:  # six rows in no segment
+            assert segment_reduce(x, "sum", offsets=torch.tensor([0])).shape == (0, 2)
+            assert torch.isnan(segment_max_backward(torch.ones(0, 2), x, offsets=torch.tensor([0]))).all()
         good = segment_reduce(x, "sum", offsets=torch.tensor([0, 2, 2, 6]), use_triton=use_triton)
     torch.testing.assert_close(good.double(), oracle.segment_reduce(x, "sum", [0, 2, 2, 6]), rtol=1e-6, atol=1e-6)
 

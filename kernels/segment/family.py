@@ -520,6 +520,8 @@ BAD_INPUTS = (
     BadInput("x", "integer x", ALL, lambda c: cases.replace_argument(c, "x", c.kwargs["x"].detach().long(), "int64")),
     BadInput("reduce", "unknown reduction", REDUCE_ONLY, lambda c: cases.replace_argument(c, "reduce", "prod", "prod")),
     BadInput("empty", "a string", REDUCE_ONLY, lambda c: cases.replace_argument(c, "empty", "zero", "a string")),
+    BadInput("empty", "below float32's range", REDUCE_ONLY,
+             lambda c: cases.replace_argument(c, "empty", 1e-300, "1e-300")),
     BadInput("use_triton", "an int", ALL, lambda c: cases.replace_argument(c, "use_triton", 1, "1")),
     BadInput("offsets", "both index forms", ALL, lambda c: _swap_form(c, both=True)),
     BadInput("offsets", "neither index form", ALL, lambda c: _swap_form(c, both=False)),

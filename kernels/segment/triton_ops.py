@@ -16,9 +16,9 @@ two float32 halves, and there is no chunk table (a long chunk's program finds it
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
 order depends on its own length alone: see ``triton_segment``): tiles of ``CHUNK_TILE`` elements, ``block_d``
 columns by ``lanes`` rows. A short segment (<= ``short_rows`` rows) gets ``short_lanes`` of them (``lanes //
-short_lanes`` segments per program); a long one is cut into chunks of :func:`chunk_rows` rows, a power of two in
-[``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of ``lanes``
-lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE elements), the
+short_lanes`` segments per program); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power
+of two in [``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of
+``lanes`` lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE elements), the
 backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
 (:data:`INTERPRETED`), so that small verification cases run every path large GPU problems take (several steps per
 segment, several segments per program, long segments of one and of many chunks, several combine steps).
@@ -26,7 +26,6 @@ segment, several segments per program, long segments of one and of many chunks, 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -96,14 +95,9 @@ def sizes(D: int, interpreted: bool = False) -> Sizes:
     block_d = _block_d(D)
     if interpreted:
         return replace(INTERPRETED, block_d=block_d)
+    # verify: unreached (compiled kernels only: CUDA; tests/test_segment.py)
     return Sizes(lanes=CHUNK_TILE // block_d, combine_lanes=TILE // block_d, backward_rows=TILE // block_d,
                  block_d=block_d, **COMPILED)
-
-
-def chunk_rows(n: int, z: Sizes) -> int:
-    """Rows per chunk of a long segment of ``n`` rows (the kernels' ``chunk_rows``): the least power of two >=
-    ``min_chunk`` holding n in at most ``target`` chunks, capped at ``max_chunk``."""
-    return min(max(triton.next_power_of_2(math.ceil(n / z.target)), z.min_chunk), z.max_chunk)
 
 
 def short_rows(device: torch.device) -> int:
@@ -181,6 +175,7 @@ def backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Ten
     if rows == 0 or D == 0:
         return gx
     if S == 0:  # rows but no segment: a bad index (host mode raised already)
+        # verify: unreached (device mode: CUDA by default; tests/test_segment.py)
         return gx.fill_(float("nan"))
     z = sizes(D, grad.device.type == "cpu")
     code = REDUCE_CODE[reduce]

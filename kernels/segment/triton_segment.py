@@ -80,7 +80,7 @@ def _ends_ok(offsets_ptr, N, S):
 @triton.jit
 def chunk_rows(n, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr):
     """Rows per chunk of a long segment of ``n`` rows: the least power of two >= MIN_CHUNK holding n in at most
-    TARGET chunks, capped at MIN_CHUNK * 2**DOUBLINGS (``triton_ops.chunk_rows`` on the host)."""
+    TARGET chunks, capped at MIN_CHUNK * 2**DOUBLINGS (``triton_ops.Sizes``)."""
     r = tl.full(n.shape, MIN_CHUNK, tl.int32)
     for _ in tl.static_range(DOUBLINGS):
         r = tl.where(r * TARGET < n, r * 2, r)
@@ -133,6 +133,7 @@ def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, 
         rows = start + t * L
         live = rows < stop
         if CHECK_IDS:
+            # verify: unreached (device mode, ids form: CUDA by default; tests/test_segment.py)
             wrong = wrong | (live & (tl.load(ids_ptr + rows, mask=live, other=0) != seg)).to(tl.int32)
         m2 = live[:, None] & cmask[None, :]
         at = rows.to(tl.int64)[:, None] * stride_r + cols64[None, :] * stride_c
