@@ -18,8 +18,8 @@ order depends on its own length alone: see ``triton_segment``): tiles of ``CHUNK
 columns by ``lanes`` rows. A short segment (<= ``short_rows`` rows) gets ``short_lanes`` of them (``lanes //
 short_lanes`` segments per program); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power
 of two in [``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of
-``lanes`` lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE elements), the
-backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
+``lanes`` lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
+elements), the backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
 (:data:`INTERPRETED`), so that small verification cases run every path large GPU problems take (several steps per
 segment, several segments per program, long segments of one and of many chunks, several combine steps).
 """
