@@ -20,7 +20,6 @@ from provable_kernels.sinkhorn import triton_sinkhorn as kernels
 MAX_N = 64
 TILE = 1024  # entries per program (BM * NB * NB) when several matrices share one program
 ENTRIES_PER_THREAD = 16  # fewer split each matrix over more threads: 3-15x slower on an H100 (n = 4, B = 262144)
-PROGRAMS_PER_SM = 4
 # Largest span of a row of L = max(x, -1e5) - rowmax that the scaling form takes: exp(-RMAX) stays a normal
 # number and the scalings (bounded by exp(RMAX) times powers of n) stay far from overflow. Wider rows run the
 # log-domain loop for their block.
@@ -37,32 +36,19 @@ class Plan:
     num_warps: int
 
 
-@functools.lru_cache(maxsize=None)
-def _packings(n: int, device: torch.device) -> tuple[int, int, int, int]:
-    """``(NB, small BM, large BM, threshold)`` for matrices of size ``n`` on ``device``: a batch of at least
-    ``threshold`` matrices packs ``large`` per program, a smaller one ``small``. Two buckets, so that a batch size
-    that changes every step compiles at most two variants of each kernel (the sizes themselves are runtime
-    arguments)."""
-    NB = triton.next_power_of_2(n)
-    cap = max(1, TILE // (NB * NB))
-    if device.type == "cuda":  # verify: unreached (CUDA only; coverage is measured under the interpreter)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return NB, max(1, cap // 16), cap, cap * PROGRAMS_PER_SM * sms
-    return NB, cap, cap, 0
-
-
-def plan(B: int, n: int, device: torch.device) -> Plan:
-    """Pack ``TILE`` entries per program (``large``) once the batch keeps ``PROGRAMS_PER_SM`` such programs per SM
-    busy, else a sixteenth of that (``small``: B = 32 and B = 1M both spread over the GPU), with
+@functools.lru_cache(maxsize=1024)
+def plan(B: int, n: int) -> Plan:
+    """Pack ``TILE`` entries per program (``BM = TILE // NB**2`` matrices, at least one), with
     ``ENTRIES_PER_THREAD`` entries of the tile per thread. At NB <= 4 the kernels' row-by-row loads put whole
     matrices in one thread (one 4 x 4 matrix per thread at n = 3, 4): row and column sums are additions in
-    registers. At NB >= 8 a thread holds one row of a matrix and the column sums cross the lanes of a warp. Under
-    the interpreter (CPU), where programs run one after another and each operation costs the same at any tile
-    size, pack as much as fits ``TILE``."""
-    NB, small, large, threshold = _packings(n, device)
-    BM = large if B >= threshold else small
-    tile = BM * NB * NB
-    return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, tile // (32 * ENTRIES_PER_THREAD))))
+    registers. At NB >= 8 a thread holds one row of a matrix and the column sums cross the lanes of a warp. One
+    packing for every batch size: the tile's layout, and with it the order of every sum, is then the same for a
+    matrix alone and for one inside any batch (batch invariance; a smaller packing for small batches gave other
+    layouts and other bits), and a batch size that changes every step compiles nothing new (B is a runtime
+    argument)."""
+    NB = triton.next_power_of_2(n)
+    BM = max(1, TILE // (NB * NB))
+    return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, BM * NB * NB // (32 * ENTRIES_PER_THREAD))))
 
 
 def _stride(iters: int, nb: int) -> int:
@@ -85,7 +71,7 @@ def _checked(x: torch.Tensor) -> tuple[int, int]:
 
 
 class Launch:
-    """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, device, dtype, iters, domain,
+    """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, dtype, iters, domain,
     eps)(*tensors)`` launches the log or prob kernel of the pair ``kernels`` (forward or backward) on ``tensors``
     (its leading arguments: ``x, out`` or ``x, grad, gx``). The plan, options and launcher are made once, so that a
     public call with a signature seen before only allocates and launches (:mod:`provable_kernels.runtime`,
@@ -93,10 +79,10 @@ class Launch:
 
     __slots__ = ("bound",)
 
-    def __init__(self, kernels_pair: tuple, B: int, n: int, device: torch.device, dtype: torch.dtype, iters: int,
+    def __init__(self, kernels_pair: tuple, B: int, n: int, dtype: torch.dtype, iters: int,
                  domain: str, eps: float):
         log_kernel, prob_kernel = kernels_pair
-        p = plan(B, n, device)
+        p = plan(B, n)
         f64 = dtype == torch.float64
         common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
         steps: tuple = (iters,)
@@ -124,7 +110,7 @@ def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tenso
     B, n = _checked(x)
     out = alloc.empty_like(x)
     if B:
-        Launch(FORWARD, B, n, x.device, x.dtype, iters, domain, eps)(x, out)
+        Launch(FORWARD, B, n, x.dtype, iters, domain, eps)(x, out)
     return out
 
 
@@ -132,7 +118,7 @@ def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> Cal
     """:func:`forward` for every ``x`` with this one's shape, strides, dtype and device, as a function of ``x``
     (its launch made once: :class:`Launch`)."""
     B, n = _checked(x)
-    run = Launch(FORWARD, B, n, x.device, x.dtype, iters, domain, eps) if B else None
+    run = Launch(FORWARD, B, n, x.dtype, iters, domain, eps) if B else None
 
     def forward_prepared(x: torch.Tensor) -> torch.Tensor:
         out = alloc.empty_like(x)
@@ -147,7 +133,7 @@ def prepare_backward(x: torch.Tensor, iters: int, domain: str,
     """:func:`backward` for every ``(grad, x)`` with this ``x``'s signature (``grad`` contiguous like it), as a
     function of ``(grad, x)``, its launch made once."""
     B, n = _checked(x)
-    run = Launch(BACKWARD, B, n, x.device, x.dtype, iters, domain, eps) if B else None
+    run = Launch(BACKWARD, B, n, x.dtype, iters, domain, eps) if B else None
 
     def backward_prepared(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         gx = alloc.empty_like(x)
@@ -165,5 +151,5 @@ def backward(grad: torch.Tensor, x: torch.Tensor, iters: int, domain: str, eps: 
         raise ValueError(f"grad must be contiguous with shape {tuple(x.shape)}, got {tuple(grad.shape)}")
     gx = alloc.empty_like(x)
     if B:
-        Launch(BACKWARD, B, x.shape[1], x.device, x.dtype, iters, domain, eps)(x, grad, gx)
+        Launch(BACKWARD, B, x.shape[1], x.dtype, iters, domain, eps)(x, grad, gx)
     return gx
