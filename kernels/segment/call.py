@@ -106,7 +106,16 @@ def _offsets_of(ids: torch.Tensor, S: int) -> torch.Tensor:
 
 
 def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:
-    """Validate every argument (naming it on error) and bundle them into a :class:`SegmentCall`."""
+    """Validate every argument (naming it on error: :func:`check`, then :func:`bind`) and bundle them into a
+    :class:`SegmentCall`."""
+    args = (x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output)
+    return bind(op, check(op, *args), *args)
+
+
+def check(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> tuple:
+    """The metadata checks of a call (every argument but the index values), naming the argument on error; returns
+    ``(S, whether the Triton kernels run it)``. The ids form without ``num_segments`` reads S from ``ids`` (its
+    documented host sync): the one value this reads."""
     x = validate.tensor("x", x, dtypes=X_DTYPES)
     if x.dim() < 1:
         raise ValueError(f"x must have at least one dim (N, ...), got shape {tuple(x.shape)}")
@@ -143,7 +152,16 @@ def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad
     if grad_output is not None:
         grad_output = validate.tensor("grad_output", grad_output, dtypes=(x.dtype,), device=x.device)
         validate.shape("grad_output", grad_output, (S, *x.shape[1:]), "(S, *x.shape[1:])")
-    triton = runs_triton(use_triton, x.device, N, S)
+    return S, runs_triton(use_triton, x.device, N, S)
+
+
+def bind(op, meta: tuple, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:
+    """The :class:`SegmentCall` of arguments that passed :func:`check` (``meta``: its result), after the value
+    checks of the host-sync policy: a named ``ValueError`` in host mode; in device mode the Triton kernels check
+    the index values themselves, and the PyTorch backend gets valid indices and a flag that poisons its
+    results."""
+    S, triton = meta
+    N = x.shape[0]
     if triton and not validate.host_reads_allowed(x):  # verify: unreached (device mode: CUDA by default; tests)
         return SegmentCall(op, x, reduce, offsets, ids, offsets, S, float(empty), use_triton, grad_output,
                            host_checked=False)  # the kernels check the index values

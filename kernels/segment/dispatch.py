@@ -8,15 +8,17 @@ backend runs the same code with or without a gradient, and both index forms thro
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from provable_kernels import validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
+from provable_kernels.runtime import Entry
 from provable_kernels.segment import torch_ops, triton_ops
 from provable_kernels.segment.autograd import segment_backward, segment_forward
-from provable_kernels.segment.call import REDUCTIONS, SegmentCall, make_call, require_call, runs_triton
+from provable_kernels.segment.call import REDUCTIONS, SegmentCall, bind, check, make_call, require_call, runs_triton
 
 
 # ----------------------------------------------------------------------------------------------- conditions
@@ -159,6 +161,14 @@ TREE = Tree(
 # ---------------------------------------------------------------------------------------------- entry points
 
 
+def _entry(op: str, finish=None) -> Entry:
+    return Entry(TREE, functools.partial(check, op), functools.partial(bind, op), finish)
+
+
+REDUCE = _entry("reduce", lambda call, out: validate.poison(call.flag, out))
+ADJOINT = _entry("adjoint")
+
+
 def segment_reduce(
     x: torch.Tensor,
     reduce: str,
@@ -179,15 +189,18 @@ def segment_reduce(
     accumulate in float32 (float64 for float64). Runs the Triton kernels when ``use_triton`` and Triton can run on
     the device, else PyTorch.
     """
-    call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
-    return validate.poison(call.flag, TREE.dispatch(call))
+    if ids is not None and num_segments is None:  # S read from the ids' values: not a signature of metadata
+        call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
+        return validate.poison(call.flag, TREE.dispatch(call))
+    return REDUCE(x, reduce, offsets, ids, num_segments, empty, use_triton)
 
 
 def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
     sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
     num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
-    call = make_call("adjoint", x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output=grad_output)
-    return TREE.dispatch(call)
+    if ids is not None and num_segments is None:  # grad_output is not a tensor: the full path names the error
+        return TREE.dispatch(make_call("adjoint", x, reduce, offsets, ids, None, 0.0, use_triton, grad_output))
+    return ADJOINT(x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output)
 
 
 def segment_max_backward(grad_output: torch.Tensor, x: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
