@@ -59,6 +59,7 @@ def test_a_reviewed_entry_is_equivalent_on_the_routes_it_reaches(scratch, baseli
     assert status == "equivalent" and detail.endswith("cases of 1 routes bitwise equal"), detail  # log domain only
 
 
+@pytest.mark.slow  # 20-25 minutes for every entry of the three families on two CPU cores
 @pytest.mark.parametrize("name, index", [(name, i) for name in FAMILIES for i in range(len(_entries(name)))])
 def test_equivalent_mutant_gives_bitwise_the_same_outputs(scratch, baselines, name, index):
     entry = _entries(name)[index]
