@@ -163,20 +163,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import warnings
 
-    import provable_kernels
-
-    here = Path(provable_kernels.__file__).resolve().parent.parent
-    if not (here / "_import").is_dir():  # never against the working tree
-        print(f"refusing to run outside a scratch copy: provable_kernels is {here}")
+    started = mutate.start_in_scratch(args.coverage)
+    if started is None:
         return 2
-    cov = None
-    if args.coverage:
-        import coverage
-
-        cov = coverage.Coverage(data_file=None, include=[str(here / "kernels" / "*"),
-                                                         str(here / "_import" / "provable_kernels" / "*")])
-        cov.start()
-        cov.switch_context(mutate.ALL_ROUTES)
+    here, cov = started
     import torch
 
     from kernel_sentinel import device, registry

@@ -405,6 +405,27 @@ def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline
 # ---------------------------------------------------------------------------------------------- the worker
 
 
+def start_in_scratch(coverage_path: Optional[Path]) -> Optional[tuple[Path, Any]]:
+    """For a worker process: the root of the scratch copy that ``provable_kernels`` imports from and, with
+    ``coverage_path``, a started coverage measurement of its kernel sources (context :data:`ALL_ROUTES`); None, after
+    saying so, when ``provable_kernels`` is not a scratch copy's (a worker never runs against the working tree)."""
+    import provable_kernels
+
+    here = Path(provable_kernels.__file__).resolve().parent.parent
+    if not (here / "_import").is_dir():
+        print(f"refusing to run outside a scratch copy: provable_kernels is {here}")
+        return None
+    cov = None
+    if coverage_path:
+        import coverage
+
+        cov = coverage.Coverage(data_file=None, include=[str(here / "kernels" / "*"),
+                                                         str(here / "_import" / "provable_kernels" / "*")])
+        cov.start()
+        cov.switch_context(ALL_ROUTES)
+    return here, cov
+
+
 def worker(argv: Sequence[str]) -> int:
     """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check;
     exit 1 (printing ``route dtype check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
@@ -420,20 +441,10 @@ def worker(argv: Sequence[str]) -> int:
 
     import warnings
 
-    import provable_kernels
-
-    here = Path(provable_kernels.__file__).resolve().parent.parent
-    if not (here / "_import").is_dir():  # a worker must never run against the working tree
-        print(f"refusing to run outside a scratch copy: provable_kernels is {here}")
+    started = start_in_scratch(args.coverage)
+    if started is None:
         return 2
-    cov = None
-    if args.coverage:
-        import coverage
-
-        cov = coverage.Coverage(data_file=None, include=[str(here / "kernels" / "*"),
-                                                         str(here / "_import" / "provable_kernels" / "*")])
-        cov.start()
-        cov.switch_context(ALL_ROUTES)
+    here, cov = started
     import torch
 
     from kernel_sentinel import registry
