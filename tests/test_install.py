@@ -39,6 +39,7 @@ CHECK_IMPORTS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two fresh installs: ~1 min
 @pytest.mark.parametrize("order", ["hugging-face-first", "ours-first"])
 def test_installs_next_to_hugging_face_kernels(tmp_path: Path, order: str):
     """A fresh venv (this environment's packages visible behind its own, for torch) gets Hugging Face's

@@ -88,6 +88,7 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
 FAMILIES = [f.name for f in registry.families()]
 
 
+@pytest.mark.slow  # real mutants verified in scratch copies: ~1 min in all
 @pytest.mark.parametrize("family", FAMILIES)
 def test_seeded_sample_of_real_mutants_is_killed(family, tmp_path):
     """Three seeded mutants of the family's PyTorch backend, in a scratch copy, each killed by the CPU verifier

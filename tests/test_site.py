@@ -129,6 +129,7 @@ def test_site_has_a_page_per_trace_document(site: Path) -> None:
     assert page_paths(site) == sorted(url_of(d) for d in documents)
 
 
+@pytest.mark.slow  # a browser over every page of the built site: ~1.5 min
 def test_every_page_renders_offline(site: Path, base_url: str, browser) -> None:
     """Every diagram is an SVG showing every label of its source; no console error; no request off localhost."""
     context, leaks = offline_context(browser)
@@ -209,6 +210,7 @@ WRAPPED_IDS = """() => [...document.querySelectorAll("td code")]
     .map(c => c.textContent)"""
 
 
+@pytest.mark.slow  # every link of the home matrix and diagrams in a browser: ~4 min
 def test_home_matrix_and_diagram_leaf_links_resolve(site: Path, base_url: str, browser) -> None:
     """The home page's matrix has a row per route of every family with a status per device; on every family page
     each leaf of the decision tree is a link whose target page has the route's anchor."""

@@ -213,6 +213,7 @@ def test_route_selection_by_glob():
 TORCH_ROUTES = [r.id for r in SEMICRF.tree.routes() if r.id.startswith("semicrf.torch.")]
 
 
+@pytest.mark.slow  # ~2.5 min; CI's lowest environment runs `sentinel verify --quick` itself
 def test_every_semicrf_route_passes_quick():
     """Every leaf of the tree; without a GPU the Triton ones run under the interpreter (conftest.py switches it
     on)."""

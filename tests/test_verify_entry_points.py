@@ -105,6 +105,7 @@ def scratch_repository(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plants the bug in the interpreted Triton code (CPU)")
+@pytest.mark.slow  # a planted kernel bug verified in a scratch copy: ~1 min
 def test_alpha_offset_of_the_later_sequences_fails_the_triton_training_route(tmp_path):
     """Off by one row in where the training forward keeps alpha for the backward kernel, for sequences b >= 1 (row
     t of sequence b lands where the backward reads row t - b): sequence 0 is untouched, so only a check with a
