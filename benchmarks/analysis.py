@@ -24,8 +24,8 @@ Definitions (every ratio is computed here, at analysis time, from the medians in
   and ``invalid_rows.csv`` lists it with the reason.
 
 Outputs: summary_stats.csv, invalid_rows.csv, targets.csv, baseline_ratios.csv, backward_forward_ratios.csv,
-<variant>_overhead.csv, crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per configuration and phase; time and
-floor bytes/s, with the copy-bandwidth floor, against each plot axis; throughput and memory per unit of size
+<variant>_overhead.csv, crossover_points.csv, speedup_over_peer.csv, and plots (speedup over the peer per
+configuration and phase; time and floor bytes/s, with the copy-bandwidth floor, against each plot axis; throughput and memory per unit of size
 against the first; backward/forward ratios; ratio heatmaps per phase; variant overhead).
 
 Line plots compare like with like: one subplot per phase, one per row; a line joins only points of one
