@@ -92,6 +92,19 @@ def toy_sum(x: torch.Tensor, fast: bool = False) -> torch.Tensor:
     return TOY_TREE.dispatch({"x": x, "fast": fast})
 
 
+def toy_entry(fast: Callable[[dict], Any] = toy_fast,
+              slow: Callable[[dict], Any] = toy_slow) -> tuple[Tree, Callable[..., Any]]:
+    """``(tree, toy_sum)``: a toy tree whose routes ``toy.fast`` / ``toy.slow`` run ``fast`` / ``slow`` (a planted or
+    kernel-like body in place of one of them) and its entry point, which checks ``x``'s metadata only."""
+    tree = Tree("toy_sum", Branch(Condition("speed", ask_speed, ("fast", "slow")),
+                                  {"fast": Route("toy.fast", fast), "slow": Route("toy.slow", slow)}))
+
+    def entry(x, fast=False):
+        validate.tensor("x", x, ndim=2, dtypes=validate.FLOAT_DTYPES)
+        return tree.dispatch({"x": x, "fast": fast})
+    return tree, entry
+
+
 def toy_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     fast = TOY_TREE.path_to(route_id)["speed"] == "fast"
     gen = torch.Generator().manual_seed(seed)

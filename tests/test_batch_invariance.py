@@ -10,9 +10,7 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import TOY_ROWS, ask_speed, toy_slow
-from provable_kernels import validate
-from provable_kernels.dispatch import Branch, Condition, Route, Tree
+from conftest import TOY_ROWS, toy_entry, toy_slow
 from kernel_sentinel import registry
 from kernel_sentinel.generic import bitwise_equal
 from kernel_sentinel.invariance import batch_invariance, items_of
@@ -22,12 +20,7 @@ CPU = torch.device("cpu")
 
 def toy_with(toy_family, body: Callable[[dict], torch.Tensor], **changes):
     """The toy family with route ``toy.fast`` running ``body(call)`` (row sums of ``call["x"]``)."""
-    tree = Tree("toy_sum", Branch(Condition("speed", ask_speed, ("fast", "slow")),
-                                  {"fast": Route("toy.fast", body), "slow": Route("toy.slow", toy_slow)}))
-
-    def toy_sum(x, fast=False):
-        validate.tensor("x", x, ndim=2, dtypes=validate.FLOAT_DTYPES)
-        return tree.dispatch({"x": x, "fast": fast})
+    tree, toy_sum = toy_entry(fast=body)
 
     def run(case):
         value = toy_sum(**case.kwargs)

@@ -8,9 +8,8 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import ask_speed, toy_fast
-from provable_kernels import alloc, validate
-from provable_kernels.dispatch import Branch, Condition, Route, Tree
+from conftest import toy_entry
+from provable_kernels import alloc
 from kernel_sentinel.family import Aliasing, LayoutRejection, Tolerance
 from kernel_sentinel.generic import GENERIC_CHECKS, LAYOUTS, Probe, bitwise_equal, differences
 
@@ -21,12 +20,7 @@ TOLERANCE = Tolerance(1e-5, 1e-5)
 def planted_family(toy_family, body: Callable[[dict], object], **changes):
     """The toy family with route ``toy.slow`` running ``body(call)``, which returns the row sums or
     ``(row sums, extra output)``; ``run`` reports ``value``, ``grad_x`` and the extra output as ``extra``."""
-    tree = Tree("toy_sum", Branch(Condition("speed", ask_speed, ("fast", "slow")),
-                                  {"fast": Route("toy.fast", toy_fast), "slow": Route("toy.slow", body)}))
-
-    def toy_sum(x, fast=False):
-        validate.tensor("x", x, ndim=2, dtypes=validate.FLOAT_DTYPES)
-        return tree.dispatch({"x": x, "fast": fast})
+    tree, toy_sum = toy_entry(slow=body)
 
     def run(case):
         result = toy_sum(**case.kwargs)

@@ -13,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from conftest import ask_speed, toy_slow
-from provable_kernels import alloc, validate
-from provable_kernels.dispatch import Branch, Condition, Route, Tree
+from conftest import toy_entry, toy_slow
+from provable_kernels import alloc
 from provable_kernels.launch import Launcher, launcher
 from kernel_sentinel import registry
 from kernel_sentinel.observed import _spawned_run, in_child, kernel_launches, observe
@@ -55,12 +54,7 @@ def copied(v: torch.Tensor) -> torch.Tensor:
 
 def kernel_family(toy_family, body: Callable[[dict], torch.Tensor]):
     """The toy family with route ``toy.fast`` running ``body(call)``; ``run`` reports ``value`` only."""
-    tree = Tree("toy_sum", Branch(Condition("speed", ask_speed, ("fast", "slow")),
-                                  {"fast": Route("toy.fast", body), "slow": Route("toy.slow", toy_slow)}))
-
-    def toy_sum(x, fast=False):
-        validate.tensor("x", x, ndim=2, dtypes=validate.FLOAT_DTYPES)
-        return tree.dispatch({"x": x, "fast": fast})
+    tree, toy_sum = toy_entry(fast=body)
 
     def reference(case):
         return {"value": case.kwargs["x"].detach().double().sum(-1)}
