@@ -1,23 +1,20 @@
-"""Verification helpers every family needs, written once: use them in ``kernels/<family>/family.py``.
+"""The generic pieces of verifying a family, written once, for :mod:`kernel_sentinel.registration` (and tests).
 
 - :func:`outputs_and_gradients` / :func:`weighted_gradients`: the weighted-gradient contract of
   :class:`~kernel_sentinel.family.Case`: ``grad_<name>`` = gradient of ``sum_k (upstream[k] * output_k).sum()``
   w.r.t. each tensor argument that requires grad.
-- :func:`float64_leaves` (same device, fresh leaves for autograd) and :func:`float64_cpu` (detached, for plain
-  Python oracles): the arguments of a case, copied in float64; :func:`detached` keeps dtype and device.
-- :func:`replace_argument` / :func:`transform_argument`: a new :class:`Case` with one argument replaced and the
-  change appended to its description (for adversarial inputs and bad inputs); :func:`transformed_input` declares
-  an :class:`~kernel_sentinel.family.Adversarial` that way.
+- :func:`float64_copies`: the arguments of a case, floating tensors copied in float64 on the CPU (fresh leaves for
+  autograd), for the float64 references.
+- :func:`replace_argument`: a new :class:`Case` with one argument replaced and the change appended to its
+  description (bad inputs).
+- :func:`matches_reference` / :func:`agrees_with_reference`: ``Adversarial.expect`` functions comparing a guard
+  input's outputs with the float64 reference.
 - :func:`finite_difference_property`: a ready-made :class:`~kernel_sentinel.family.Property`: float64 central
   differences of a route's weighted outputs against its reported gradients.
-- :func:`route_property` (a relation between a route's case and outputs on random examples) and
-  :func:`agreement_property` (a route's outputs equal an independent computation: an oracle, a sibling route, a
-  special case with a closed form): ready-made :class:`~kernel_sentinel.family.Property` objects.
 - :func:`batch_along`: a :class:`~kernel_sentinel.family.BatchItems` (what an item of a batch is, for the
-  ``batch`` check) for items along a dimension of named tensors.
+  ``batch`` check) for items along dimensions of named tensors.
 - :func:`standard_bad_inputs`: the :class:`~kernel_sentinel.family.BadInput` list every tensor argument gets
-  (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected);
-  :func:`bad_input` declares one more.
+  (a list instead of a tensor, wrong rank, wrong dtype, wrong device, NaN or +inf where rejected).
 
 Only tensors whose ``dtype`` is floating point are converted to float64 or differentiated; integer tensors
 (lengths, ids, offsets) and non-tensor arguments pass through unchanged.
@@ -58,31 +55,22 @@ def weighted_gradients(outputs: Mapping[str, torch.Tensor], kwargs: Mapping[str,
 def outputs_and_gradients(outputs: Mapping[str, torch.Tensor], case: Case,
                           kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, torch.Tensor]:
     """The outputs detached, plus :func:`weighted_gradients` w.r.t. ``kwargs`` (default ``case.kwargs``: pass the
-    :func:`float64_leaves` a reference computed from) with the weights ``case.upstream``."""
+    :func:`float64_copies` a reference computed from) with the weights ``case.upstream``."""
     grads = weighted_gradients(outputs, case.kwargs if kwargs is None else kwargs, case.upstream)
     return {**{k: v.detach() for k, v in outputs.items()}, **grads}
 
 
-def float64_leaves(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments with every floating tensor replaced by a float64 copy on the same device: a fresh leaf that
-    requires grad when the original does."""
-    return {n: (x.detach().double().requires_grad_(x.requires_grad) if n in float_tensors(kwargs) else x)
-            for n, x in kwargs.items()}
-
-
-def detached(kwargs: Mapping[str, Any], drop: Sequence[str] = ()) -> dict[str, Any]:
-    """The arguments with every tensor detached (same dtype and device), without the names in ``drop``."""
-    return {n: x.detach() if isinstance(x, torch.Tensor) else x for n, x in kwargs.items() if n not in drop}
-
-
-def float64_cpu(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments with every tensor detached and on the CPU, floating ones in float64 (for plain-Python
-    oracles)."""
+def float64_copies(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with every floating tensor (also in a tuple) replaced by a float64 copy on the CPU: a fresh leaf
+    that requires grad when the original does; other tensors moved to the CPU."""
     def copy(x: Any) -> Any:
+        if isinstance(x, tuple):
+            return tuple(copy(m) for m in x)
         if not isinstance(x, torch.Tensor):
             return x
-        x = x.detach().cpu()
-        return x.double() if x.is_floating_point() else x
+        if not x.is_floating_point():
+            return x.detach().cpu()
+        return x.detach().cpu().double().requires_grad_(x.requires_grad)
 
     return {n: copy(x) for n, x in kwargs.items()}
 
@@ -92,14 +80,6 @@ def replace_argument(case: Case, name: str, value: Any, what: str) -> Case:
     if name not in case.kwargs:
         raise KeyError(f"case of {case.route_id} has no argument {name!r}")
     return case.with_kwargs(f"{case.description}; {name}: {what}", **{name: value})
-
-
-def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch.Tensor], what: str) -> Case:
-    """``case`` with tensor ``name`` replaced by ``fn(float64 copy)``, cast back to the original's dtype and
-    device, a leaf requiring grad like the original (e.g. ``lambda x: x.fill_(-math.inf)``)."""
-    x = case.kwargs[name]
-    values = fn(x.detach().double().clone()).to(x.device, x.dtype)
-    return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
 
 
 def agrees_with_reference(reference: Callable[[Case], Outputs], value_rtol: float = 1e-6,
@@ -134,13 +114,6 @@ def matches_reference(reference: Callable[[Case], Outputs], tolerance: Callable[
         for name, want in reference(case).items():
             expect_close(f"{name} vs {source}", outputs[name], want, tol)
     return expect_reference
-
-
-def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
-                      what: str, **options: Any) -> Adversarial:
-    """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64
-    copy)`` (:func:`transform_argument`); ``options`` are the other fields (``allow_inf``, ``errors_ok``, ...)."""
-    return Adversarial(name, routes, lambda case: transform_argument(case, argument, fn, what), **options)
 
 
 # ------------------------------------------------------------------------------------- finite differences
@@ -188,45 +161,6 @@ def finite_difference_property(
     return Property(name, routes, example, check, dtypes=(torch.float64,))
 
 
-def route_property(
-    name: str,
-    routes: tuple[str, ...],
-    example: Callable[[], Any],
-    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
-    run: Callable[[Case], Outputs],
-    holds: Callable[[Case, Outputs, Tolerance], None],
-    tolerances: Mapping[torch.dtype, Tolerance],
-    dtypes: tuple[torch.dtype, ...] = (),
-) -> Property:
-    """A :class:`Property`: build ``make_case(route_id, example, device, dtype)``, run it with ``run`` (which must
-    take the route under test), then ``holds(case, outputs, tolerances[dtype])`` raises ``AssertionError`` when the
-    property fails (use :func:`~kernel_sentinel.checks.expect` / :func:`~kernel_sentinel.checks.expect_close`)."""
-    def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
-        case = make_case(route_id, drawn, device, dtype)
-        holds(case, run_route(run, case), tolerances[dtype])
-
-    return Property(name, routes, example, check, dtypes)
-
-
-def agreement_property(
-    name: str,
-    routes: tuple[str, ...],
-    example: Callable[[], Any],
-    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
-    run: Callable[[Case], Outputs],
-    want: Callable[[Case], Outputs],
-    tolerances: Mapping[torch.dtype, Tolerance],
-    dtypes: tuple[torch.dtype, ...] = (),
-) -> Property:
-    """A :func:`route_property`: the route's outputs equal each output that ``want(case)`` returns (an independent
-    computation) within the row's tolerance."""
-    def holds(case: Case, got: Outputs, tolerance: Tolerance) -> None:
-        for output, expected in want(case).items():
-            expect_close(f"{output} vs {name}", got[output], expected, tolerance)
-
-    return route_property(name, routes, example, make_case, run, holds, tolerances, dtypes)
-
-
 # ------------------------------------------------------------------------------------------ bad inputs
 
 
@@ -247,12 +181,6 @@ def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
         return x
 
     return put
-
-
-def bad_input(argument: str, what: str, routes: tuple[str, ...], value: Callable[[Case], Any]) -> BadInput:
-    """A :class:`BadInput`: argument ``argument`` replaced by ``value(case)`` (e.g. ``lambda c: 0`` or a tensor
-    of the wrong shape built from ``c.kwargs``), described by ``what``."""
-    return BadInput(argument, what, routes, lambda case: replace_argument(case, argument, value(case), what))
 
 
 def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, other_device: Sequence[str] = (),
@@ -299,22 +227,28 @@ def _each(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return tuple(fn(m) for m in x) if isinstance(x, tuple) else fn(x)
 
 
-def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, int],
+def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, Any],
                 summed: tuple[str, ...] = ()) -> BatchItems:
     """:class:`~kernel_sentinel.family.BatchItems` for items along a dimension: ``dims[name]`` is the item
-    dimension of the argument, upstream weight or output ``name`` (a tuple of tensors, e.g. a pair of edges, is
-    split member by member; None stays None). Arguments not in ``dims`` are shared: a joined case takes them from
-    its base. A case holds as many items as the item dimension of its first argument in ``dims``; ``summed``
-    names the outputs summed over the items."""
+    dimension ``d`` of the argument, upstream weight or output ``name``, or ``(d, last)`` for items along the
+    dimensions ``d`` to ``last`` flattened into one (``d >= 0``; e.g. ``(0, -3)``: every leading dimension of a batch
+    of matrices). A tuple of tensors (e.g. a pair of edges) is split member by member; None stays None. Arguments
+    not in ``dims`` are shared: a joined case takes them from its base. A case holds as many items as the item
+    dimension of its first argument in ``dims``; ``summed`` names the outputs summed over the items."""
     if not dims:
         raise ValueError("dims must name at least one argument")
+    spans = {n: (d, d) if isinstance(d, int) else tuple(d) for n, d in dims.items()}
+
+    def flat(name: str, t: torch.Tensor) -> torch.Tensor:
+        return t.flatten(*spans[name])
 
     def count(case: Case) -> int:
         name, x = next((n, x) for n, x in case.kwargs.items() if n in dims and x is not None)
-        return (x[0] if isinstance(x, tuple) else x).shape[dims[name]]
+        return flat(name, x[0] if isinstance(x, tuple) else x).shape[spans[name][0]]
 
     def take(named: Mapping[str, Any], i: int) -> dict[str, Any]:
-        return {n: _each(x, lambda t, d=dims[n]: t.narrow(d, i, 1)) for n, x in named.items() if n in dims}
+        return {n: _each(x, lambda t, n=n: flat(n, t).narrow(spans[n][0], i, 1)) for n, x in named.items()
+                if n in dims}
 
     def split(case: Case) -> list[Case]:
         return [dataclasses.replace(case, kwargs={**case.kwargs, **take(case.kwargs, i)},
@@ -327,8 +261,8 @@ def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, int],
         for n, x in first.items():
             if n in dims and x is not None:
                 members = [getattr(c, part)[n] for c in cases]
-                out[n] = (tuple(torch.cat(m, dims[n]) for m in zip(*members)) if isinstance(x, tuple)
-                          else torch.cat(members, dims[n]))
+                out[n] = (tuple(torch.cat(m, spans[n][0]) for m in zip(*members)) if isinstance(x, tuple)
+                          else torch.cat(members, spans[n][0]))
         return out
 
     def join(base: Case, items: Sequence[Case]) -> Case:
@@ -340,3 +274,89 @@ def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, int],
         return [take(got, i) for i in range(count(case))]
 
     return BatchItems(what, routes, split, join, outputs, summed)
+
+# ------------------------------------------------ transitional (#34): for registrations not yet converted
+
+
+def float64_leaves(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with every floating tensor replaced by a float64 copy on the same device: a fresh leaf that
+    requires grad when the original does."""
+    return {n: (x.detach().double().requires_grad_(x.requires_grad) if n in float_tensors(kwargs) else x)
+            for n, x in kwargs.items()}
+
+
+def detached(kwargs: Mapping[str, Any], drop: Sequence[str] = ()) -> dict[str, Any]:
+    """The arguments with every tensor detached (same dtype and device), without the names in ``drop``."""
+    return {n: x.detach() if isinstance(x, torch.Tensor) else x for n, x in kwargs.items() if n not in drop}
+
+
+def float64_cpu(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with every tensor detached and on the CPU, floating ones in float64 (for plain-Python
+    oracles)."""
+    def copy(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        x = x.detach().cpu()
+        return x.double() if x.is_floating_point() else x
+
+    return {n: copy(x) for n, x in kwargs.items()}
+
+
+def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch.Tensor], what: str) -> Case:
+    """``case`` with tensor ``name`` replaced by ``fn(float64 copy)``, cast back to the original's dtype and
+    device, a leaf requiring grad like the original (e.g. ``lambda x: x.fill_(-math.inf)``)."""
+    x = case.kwargs[name]
+    values = fn(x.detach().double().clone()).to(x.device, x.dtype)
+    return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
+
+
+def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
+                      what: str, **options: Any) -> Adversarial:
+    """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64
+    copy)`` (:func:`transform_argument`); ``options`` are the other fields (``allow_inf``, ``errors_ok``, ...)."""
+    return Adversarial(name, routes, lambda case: transform_argument(case, argument, fn, what), **options)
+
+
+def route_property(
+    name: str,
+    routes: tuple[str, ...],
+    example: Callable[[], Any],
+    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
+    run: Callable[[Case], Outputs],
+    holds: Callable[[Case, Outputs, Tolerance], None],
+    tolerances: Mapping[torch.dtype, Tolerance],
+    dtypes: tuple[torch.dtype, ...] = (),
+) -> Property:
+    """A :class:`Property`: build ``make_case(route_id, example, device, dtype)``, run it with ``run`` (which must
+    take the route under test), then ``holds(case, outputs, tolerances[dtype])`` raises ``AssertionError`` when the
+    property fails (use :func:`~kernel_sentinel.checks.expect` / :func:`~kernel_sentinel.checks.expect_close`)."""
+    def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
+        case = make_case(route_id, drawn, device, dtype)
+        holds(case, run_route(run, case), tolerances[dtype])
+
+    return Property(name, routes, example, check, dtypes)
+
+
+def agreement_property(
+    name: str,
+    routes: tuple[str, ...],
+    example: Callable[[], Any],
+    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
+    run: Callable[[Case], Outputs],
+    want: Callable[[Case], Outputs],
+    tolerances: Mapping[torch.dtype, Tolerance],
+    dtypes: tuple[torch.dtype, ...] = (),
+) -> Property:
+    """A :func:`route_property`: the route's outputs equal each output that ``want(case)`` returns (an independent
+    computation) within the row's tolerance."""
+    def holds(case: Case, got: Outputs, tolerance: Tolerance) -> None:
+        for output, expected in want(case).items():
+            expect_close(f"{output} vs {name}", got[output], expected, tolerance)
+
+    return route_property(name, routes, example, make_case, run, holds, tolerances, dtypes)
+
+
+def bad_input(argument: str, what: str, routes: tuple[str, ...], value: Callable[[Case], Any]) -> BadInput:
+    """A :class:`BadInput`: argument ``argument`` replaced by ``value(case)`` (e.g. ``lambda c: 0`` or a tensor
+    of the wrong shape built from ``c.kwargs``), described by ``what``."""
+    return BadInput(argument, what, routes, lambda case: replace_argument(case, argument, value(case), what))

@@ -1,11 +1,9 @@
-"""The one interface through which a kernel family registers with sentinel.
+"""The one interface through which sentinel sees a kernel family: the :class:`Family` object.
 
-A family is a :class:`Family` object exported as ``FAMILY`` from ``kernels/<name>/family.py``; sentinel finds it
-through :mod:`kernel_sentinel.registry` (the only importer of ``family.py`` modules) and never changes when a family
-is added. Everything sentinel says about a family (routes, checks, traces, gate) comes from this object and the
-code it points at. Generic helpers for writing one (weighted gradients, float64 copies, standard bad inputs, the
-finite-difference property) are in :mod:`kernel_sentinel.cases`; the site page "Adding a kernel family" walks
-through it.
+Sentinel builds a family's :class:`Family` from its registration, ``kernels/<name>/family.py``, which is data and
+plain functions and imports nothing of sentinel (:mod:`kernel_sentinel.registration` reads it;
+:mod:`kernel_sentinel.registry` finds it). Sentinel never changes when a family is added. Everything sentinel says
+about a family (routes, checks, traces, gate) comes from this object and the code it points at.
 
 Declarative part (read by the trace generator): ``name``, ``package`` (its docstring is ``summary``), ``tree``
 and ``more_trees`` (one dispatch tree per group of public entry points; route ids unique across them),
@@ -100,6 +98,20 @@ class Guard:
     where: Callable[..., Any]
 
 
+class Problem(dict):
+    """The problem a case is built from: named sizes and options (``seed`` among them), a dict whose keys also read
+    as attributes (``p.n``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v!r}" for k, v in self.items())
+
+
 @dataclass(frozen=True)
 class Case:
     """Inputs for one route and a replayable one-line ``description``.
@@ -107,8 +119,8 @@ class Case:
     ``kwargs`` are the keyword arguments of the entry point named ``entry``. ``upstream`` is the weighted-gradient
     contract of training routes: the weight per output name (a tensor shaped like that output), so that every
     gradient a route reports is ``d/d input of sum_k (upstream[k] * output_k).sum()`` (empty: no gradients).
-    ``extra`` holds family-private data (e.g. the problem shape the case was built from) and nothing sentinel
-    reads.
+    ``problem`` is what the case was built from (empty for a case built by hand), ``dtype`` and ``device`` those of
+    its floating inputs.
     """
 
     route_id: str
@@ -116,11 +128,40 @@ class Case:
     kwargs: Mapping[str, Any]
     description: str
     upstream: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    problem: Problem = field(default_factory=Problem)
+    dtype: Optional[torch.dtype] = None
+    device: Optional[torch.device] = None
+
+    @property
+    def extra(self) -> Problem:  # transitional (#34): for registrations not yet converted
+        return self.problem
 
     def with_kwargs(self, description: str, **changes: Any) -> "Case":
         """The same case with some keyword arguments replaced, described by ``description``."""
         return dataclasses.replace(self, kwargs={**self.kwargs, **changes}, description=description)
+
+    def without(self, what: str, *names: str) -> "Case":
+        """The same case without the keyword arguments ``names``; ``"; <what>"`` is appended to the description."""
+        return dataclasses.replace(self, kwargs={n: x for n, x in self.kwargs.items() if n not in names},
+                                   description=f"{self.description}; {what}")
+
+    def transformed(self, what: str, **functions: Callable[[Any], Any]) -> "Case":
+        """The same case with each named argument replaced by ``function(argument)``, ``"; <what>"`` appended to
+        the description. A tensor argument (or each tensor of a tuple) is passed as a float64 copy on the CPU and
+        the result cast back to its dtype and device, a leaf requiring grad like the original."""
+        def change(x: Any, fn: Callable[[Any], Any]) -> Any:
+            if isinstance(x, tuple):
+                return tuple(change(m, fn) for m in x)
+            if not isinstance(x, torch.Tensor):
+                return fn(x)
+            copy = x.detach().cpu().double().clone()
+            return fn(copy).to(x.device, x.dtype).requires_grad_(x.requires_grad)
+
+        missing = [n for n in functions if n not in self.kwargs]
+        if missing:
+            raise KeyError(f"case of {self.route_id} has no argument {', '.join(missing)}")
+        changed = {n: change(self.kwargs[n], fn) for n, fn in functions.items()}
+        return self.with_kwargs(f"{self.description}; {what}", **changed)
 
 
 @dataclass(frozen=True)
@@ -228,8 +269,14 @@ class BatchItems:
     summed: tuple[str, ...] = ()
 
 
-SYMPTOMS = ("NaN in the loss", "NaN in the backward", "wrong gradients", "out of memory", "backend mismatch",
-            "wrong route taken")
+SYMPTOMS = {  # symptom -> the verify checks whose failure shows it, and the signs of it in their detail
+    "NaN in the loss": (("guards", "written"), ("has NaN", "has inf", "poisoned")),
+    "NaN in the backward": (("guards", "written"), ("has NaN", "has inf", "poisoned")),
+    "wrong gradients": (("reference", "exact", "properties", "guards"), ("grad", "derivative")),
+    "out of memory": ((), ()),
+    "backend mismatch": (("reference", "exact"), ()),
+    "wrong route taken": (("route",), ()),
+}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Family discovery: every ``kernels/<name>/family.py`` that exports ``FAMILY`` is a family.
+"""Family discovery: every ``kernels/<name>/family.py`` is a family's registration.
 
-This module is the only importer of ``family.py`` modules (the library never imports its registrations, so
-importing a family imports neither sentinel nor hypothesis). Adding a family means adding its package with a
-``family.py``; nothing here changes. Families outside the kernel library (a plug-in, a test's toy family) are
+This module is the only importer of ``family.py`` modules (the library never imports its registrations; they
+import nothing of sentinel); :func:`kernel_sentinel.registration.family_of` reads each into a
+:class:`~kernel_sentinel.family.Family`. Adding a family means adding its package with a ``family.py``; nothing
+here changes. Families outside the kernel library (a plug-in, a test's toy family) are
 found in the directories listed in the environment variable ``SENTINEL_FAMILY_PATH`` (``os.pathsep``-separated):
 each ``<dir>/<name>/family.py`` there is imported as ``<name>.family`` with ``<dir>`` put on ``sys.path``.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from kernel_sentinel.family import Family
+from kernel_sentinel.registration import family_of
 
 FAMILY_PATH_VARIABLE = "SENTINEL_FAMILY_PATH"
 
@@ -40,17 +42,16 @@ def _family_modules(package: str, extra: Sequence[Path]) -> list[str]:
 
 
 def families(package: str = "provable_kernels", extra: Optional[Sequence[Path]] = None) -> list[Family]:
-    """The ``FAMILY`` of every ``<package>/<name>/family.py`` and of every family in ``extra`` (default:
+    """The family of every ``<package>/<name>/family.py`` and of every family in ``extra`` (default:
     :func:`search_path`), sorted by family name.
 
-    Raises ``TypeError`` when a ``family.py`` lacks ``FAMILY`` or it is not a :class:`Family`, and ``ValueError``
-    when two families share a name.
+    Raises ``TypeError`` when a ``family.py`` is not a registration (:mod:`kernel_sentinel.registration`), and
+    ``ValueError`` when two families share a name.
     """
     found: dict[str, Family] = {}
     for module_name in _family_modules(package, search_path() if extra is None else extra):
-        family = getattr(importlib.import_module(module_name), "FAMILY", None)
-        if not isinstance(family, Family):
-            raise TypeError(f"{module_name} must export FAMILY, a kernel_sentinel.family.Family")
+        module = importlib.import_module(module_name)
+        family = getattr(module, "FAMILY", None) or family_of(module)  # FAMILY: transitional, until #34 is done
         if family.name in found:
             raise ValueError(f"two families are named {family.name!r}")
         found[family.name] = family

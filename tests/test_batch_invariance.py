@@ -90,7 +90,7 @@ def _bitwise_same_case(a, b) -> bool:
             and set(a.upstream) == set(b.upstream) and all(_same(a.upstream[n], b.upstream[n]) for n in a.upstream))
 
 
-SEGMENTS = lambda case: len(case.extra["shape"].lengths)  # noqa: E731  (the lengths the case was built from)
+SEGMENTS = lambda case: len(case.problem.lengths)  # noqa: E731  (the lengths the case was built from)
 MATRICES = lambda case: case.kwargs["x"][..., 0, 0].numel()  # noqa: E731
 SEQUENCES = lambda case: case.kwargs["lengths"].numel()  # noqa: E731
 
