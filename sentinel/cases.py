@@ -7,8 +7,8 @@
   autograd), for the float64 references.
 - :func:`replace_argument`: a new :class:`Case` with one argument replaced and the change appended to its
   description (bad inputs).
-- :func:`matches_reference` / :func:`agrees_with_reference`: ``Adversarial.expect`` functions comparing a guard
-  input's outputs with the float64 reference.
+- :func:`agrees_with_reference`: an ``Adversarial.expect`` comparing a guard input's outputs with the float64
+  reference relative to their size.
 - :func:`finite_difference_property`: a ready-made :class:`~kernel_sentinel.family.Property`: float64 central
   differences of a route's weighted outputs against its reported gradients.
 - :func:`batch_along`: a :class:`~kernel_sentinel.family.BatchItems` (what an item of a batch is, for the
@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from kernel_sentinel.checks import expect_close, run_route
-from kernel_sentinel.family import Adversarial, BadInput, BatchItems, Case, Outputs, Property, Tolerance
+from kernel_sentinel.family import BadInput, BatchItems, Case, Outputs, Property, Tolerance
 
 FINITE_DIFFERENCE_STEP = 1e-5
 FINITE_DIFFERENCE_TOLERANCE = Tolerance(atol=1e-7, rtol=1e-6)  # central differences, h = 1e-5, in float64
@@ -101,18 +101,6 @@ def agrees_with_reference(reference: Callable[[Case], Outputs], value_rtol: floa
                 limit = value_rtol
             if not error <= limit:
                 raise AssertionError(f"{name}: error {error:.2e} against the reference, want <= {limit:g}")
-    return expect_reference
-
-
-def matches_reference(reference: Callable[[Case], Outputs], tolerance: Callable[[Case], Tolerance],
-                      source: str = "float64 reference") -> Callable[[Case, Outputs], None]:
-    """An ``Adversarial.expect``: every output of ``reference(case)`` is matched by the route's output of the same
-    name within ``tolerance(case)`` (the family's tolerance for the case's dtype), measured like the reference
-    check."""
-    def expect_reference(case: Case, outputs: Outputs) -> None:
-        tol = tolerance(case)
-        for name, want in reference(case).items():
-            expect_close(f"{name} vs {source}", outputs[name], want, tol)
     return expect_reference
 
 
@@ -274,89 +262,3 @@ def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, Any],
         return [take(got, i) for i in range(count(case))]
 
     return BatchItems(what, routes, split, join, outputs, summed)
-
-# ------------------------------------------------ transitional (#34): for registrations not yet converted
-
-
-def float64_leaves(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments with every floating tensor replaced by a float64 copy on the same device: a fresh leaf that
-    requires grad when the original does."""
-    return {n: (x.detach().double().requires_grad_(x.requires_grad) if n in float_tensors(kwargs) else x)
-            for n, x in kwargs.items()}
-
-
-def detached(kwargs: Mapping[str, Any], drop: Sequence[str] = ()) -> dict[str, Any]:
-    """The arguments with every tensor detached (same dtype and device), without the names in ``drop``."""
-    return {n: x.detach() if isinstance(x, torch.Tensor) else x for n, x in kwargs.items() if n not in drop}
-
-
-def float64_cpu(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments with every tensor detached and on the CPU, floating ones in float64 (for plain-Python
-    oracles)."""
-    def copy(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        x = x.detach().cpu()
-        return x.double() if x.is_floating_point() else x
-
-    return {n: copy(x) for n, x in kwargs.items()}
-
-
-def transform_argument(case: Case, name: str, fn: Callable[[torch.Tensor], torch.Tensor], what: str) -> Case:
-    """``case`` with tensor ``name`` replaced by ``fn(float64 copy)``, cast back to the original's dtype and
-    device, a leaf requiring grad like the original (e.g. ``lambda x: x.fill_(-math.inf)``)."""
-    x = case.kwargs[name]
-    values = fn(x.detach().double().clone()).to(x.device, x.dtype)
-    return replace_argument(case, name, values.requires_grad_(x.requires_grad), what)
-
-
-def transformed_input(name: str, routes: tuple[str, ...], argument: str, fn: Callable[[torch.Tensor], torch.Tensor],
-                      what: str, **options: Any) -> Adversarial:
-    """An :class:`Adversarial` input: the route's tiny case with tensor ``argument`` replaced by ``fn(its float64
-    copy)`` (:func:`transform_argument`); ``options`` are the other fields (``allow_inf``, ``errors_ok``, ...)."""
-    return Adversarial(name, routes, lambda case: transform_argument(case, argument, fn, what), **options)
-
-
-def route_property(
-    name: str,
-    routes: tuple[str, ...],
-    example: Callable[[], Any],
-    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
-    run: Callable[[Case], Outputs],
-    holds: Callable[[Case, Outputs, Tolerance], None],
-    tolerances: Mapping[torch.dtype, Tolerance],
-    dtypes: tuple[torch.dtype, ...] = (),
-) -> Property:
-    """A :class:`Property`: build ``make_case(route_id, example, device, dtype)``, run it with ``run`` (which must
-    take the route under test), then ``holds(case, outputs, tolerances[dtype])`` raises ``AssertionError`` when the
-    property fails (use :func:`~kernel_sentinel.checks.expect` / :func:`~kernel_sentinel.checks.expect_close`)."""
-    def check(route_id: str, drawn: Any, device: torch.device, dtype: torch.dtype) -> None:
-        case = make_case(route_id, drawn, device, dtype)
-        holds(case, run_route(run, case), tolerances[dtype])
-
-    return Property(name, routes, example, check, dtypes)
-
-
-def agreement_property(
-    name: str,
-    routes: tuple[str, ...],
-    example: Callable[[], Any],
-    make_case: Callable[[str, Any, torch.device, torch.dtype], Case],
-    run: Callable[[Case], Outputs],
-    want: Callable[[Case], Outputs],
-    tolerances: Mapping[torch.dtype, Tolerance],
-    dtypes: tuple[torch.dtype, ...] = (),
-) -> Property:
-    """A :func:`route_property`: the route's outputs equal each output that ``want(case)`` returns (an independent
-    computation) within the row's tolerance."""
-    def holds(case: Case, got: Outputs, tolerance: Tolerance) -> None:
-        for output, expected in want(case).items():
-            expect_close(f"{output} vs {name}", got[output], expected, tolerance)
-
-    return route_property(name, routes, example, make_case, run, holds, tolerances, dtypes)
-
-
-def bad_input(argument: str, what: str, routes: tuple[str, ...], value: Callable[[Case], Any]) -> BadInput:
-    """A :class:`BadInput`: argument ``argument`` replaced by ``value(case)`` (e.g. ``lambda c: 0`` or a tensor
-    of the wrong shape built from ``c.kwargs``), described by ``what``."""
-    return BadInput(argument, what, routes, lambda case: replace_argument(case, argument, value(case), what))

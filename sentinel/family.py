@@ -132,10 +132,6 @@ class Case:
     dtype: Optional[torch.dtype] = None
     device: Optional[torch.device] = None
 
-    @property
-    def extra(self) -> Problem:  # transitional (#34): for registrations not yet converted
-        return self.problem
-
     def with_kwargs(self, description: str, **changes: Any) -> "Case":
         """The same case with some keyword arguments replaced, described by ``description``."""
         return dataclasses.replace(self, kwargs={**self.kwargs, **changes}, description=description)

@@ -45,6 +45,9 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
 - ``PROPERTIES``: ``(name, routes, holds[, dtypes[, example]])``: on each drawn problem (fitted to the route) sentinel
   builds the route's case at the row's dtype and calls ``holds(check, case)``, which raises ``AssertionError`` when
   the property fails (through the :class:`Checker` ``check``); dtypes default to every dtype.
+- ``AGREEMENTS``: ``(name, routes, function[, dtypes[, example]])``: properties that the route's outputs on each
+  drawn problem equal every output of ``function(kw, case)`` (computed like ``reference``: an oracle, a sibling
+  route, a closed form of a special case) within the row's tolerance.
 - ``FINITE_DIFFERENCES`` (optional): route globs whose gradients are compared with float64 central differences on
   random examples; ``pinned(name, direction)`` (optional) holds still the entries a convention pins.
 - ``ADVERSARIAL``: ``(name, routes, change[, expect[, options]])``: guard inputs made from the route's tiny case.
@@ -141,13 +144,13 @@ class Part:
     def run(self, case: Case) -> Outputs:
         return cases.outputs_and_gradients(self.forward(case), case)
 
-    def computed(self, function: Callable[[dict, Case], Outputs], case: Case) -> Outputs:
-        """``function(float64 copies of the arguments, case)`` with the weighted gradients added by autograd when it
-        returns none and its outputs are differentiable."""
+    def computed(self, function: Callable[[dict, Case], Outputs], case: Case, gradients: bool = True) -> Outputs:
+        """``function(float64 copies of the arguments, case)`` with the weighted gradients added by autograd (unless
+        ``gradients`` is false) when it returns none and its outputs are differentiable."""
         kw = cases.float64_copies(case.kwargs)
         with torch.enable_grad():
             outputs = dict(function(kw, case))
-            if not any(n.startswith("grad_") for n in outputs) and any(
+            if gradients and not any(n.startswith("grad_") for n in outputs) and any(
                     isinstance(x, torch.Tensor) and x.requires_grad for x in outputs.values()):
                 return cases.outputs_and_gradients(outputs, case, kw)
         return {n: x.detach() for n, x in outputs.items()}
@@ -180,9 +183,22 @@ class Checker:
         """The float64 reference of ``case`` (on the CPU)."""
         return self.part.reference(case)
 
+    def computed(self, function: Callable[[dict, Case], Outputs], case: Case, gradients: bool = True) -> Outputs:
+        """``function(kw, case)`` computed like the reference (float64 copies on the CPU, weighted gradients unless
+        ``gradients`` is false)."""
+        return self.part.computed(function, case, gradients)
+
     def close(self, label: str, got: torch.Tensor, want: torch.Tensor, tolerance: Any = None) -> None:
         """``got`` equals ``want`` within ``tolerance`` (``(atol, rtol)``; default the row's)."""
         expect_close(label, got, want, self.tolerance if tolerance is None else Tolerance(*tolerance))
+
+    def matches_reference(self, case: Case, outputs: Outputs, tolerance: Any = None, source: str = "float64 reference",
+                          function: Optional[Callable[[dict, Case], Outputs]] = None) -> None:
+        """Every output of the reference of ``case`` (or of ``function``, computed like it without gradients)
+        equals the output of the same name in ``outputs`` within ``tolerance`` (default the row's)."""
+        want = self.reference(case) if function is None else self.computed(function, case, gradients=False)
+        for name, want in want.items():
+            self.close(f"{name} vs {source}", outputs[name], want, tolerance)
 
     @staticmethod
     def expect(condition: bool, message: str) -> None:
@@ -231,6 +247,13 @@ class Reader:
 
         return Property(name, _globs(routes), self.example(example), check, tuple(dtypes))
 
+    def agreement(self, name: str, routes: Any, function: Callable[[dict, Case], Outputs],
+                  dtypes: tuple[torch.dtype, ...] = (), example: Optional[Callable[..., Any]] = None) -> Property:
+        def holds(check: Checker, case: Case) -> None:
+            check.matches_reference(case, check.forward(case), source=name, function=function)
+
+        return self.property(name, routes, holds, dtypes, example)
+
     def finite_differences(self, routes: Any) -> Property:
         def make(route_id: str, problem: Problem, device: torch.device) -> Case:
             return self.part.build(route_id, self.part.fit(route_id, problem, device), torch.float64, device)
@@ -250,7 +273,7 @@ class Reader:
     def adversarial(self, name: str, routes: Any, change: Any, verdict: Any = None,
                     options: Optional[Mapping[str, Any]] = None) -> Adversarial:
         if verdict == "reference":
-            expected = cases.matches_reference(self.part.reference, lambda c: self.part.tolerances[c.dtype])
+            expected = lambda case, outputs: self.checker(case).matches_reference(case, outputs)  # noqa: E731
         elif verdict == "agrees":
             expected = cases.agrees_with_reference(self.part.reference)
         elif verdict is not None:
@@ -286,6 +309,7 @@ class Reader:
         return {
             "oracles": [self.oracle(*o) for o in declared("ORACLES")],
             "properties": [self.property(*p) for p in declared("PROPERTIES")]
+            + [self.agreement(*a) for a in declared("AGREEMENTS")]
             + ([self.finite_differences(declared("FINITE_DIFFERENCES"))] if declared("FINITE_DIFFERENCES") else []),
             "adversarial": [self.adversarial(*a) for a in declared("ADVERSARIAL")],
             "bad_inputs": [b for s in ((standard,) if isinstance(standard, Mapping) else standard)

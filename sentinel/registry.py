@@ -50,8 +50,7 @@ def families(package: str = "provable_kernels", extra: Optional[Sequence[Path]] 
     """
     found: dict[str, Family] = {}
     for module_name in _family_modules(package, search_path() if extra is None else extra):
-        module = importlib.import_module(module_name)
-        family = getattr(module, "FAMILY", None) or family_of(module)  # FAMILY: transitional, until #34 is done
+        family = family_of(importlib.import_module(module_name))
         if family.name in found:
             raise ValueError(f"two families are named {family.name!r}")
         found[family.name] = family

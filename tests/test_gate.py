@@ -73,55 +73,44 @@ def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
     mask = offsets < n
     tl.store(dst + offsets, tl.load(src + offsets, mask=mask), mask=mask)
 ''',
-    "family.py": '''"""Registration of the toy family TOY with sentinel."""
-from __future__ import annotations
-
+    "family.py": '''"""Registration of the toy family TOY for verification."""
 import torch
-from hypothesis import strategies as st
 
-import provable_kernels.TOY as package
 from provable_kernels.TOY.dispatch import TREE, row_sum
-from kernel_sentinel.cases import batch_along
-from kernel_sentinel.checks import expect_close, run_route
-from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance
 
-TOLERANCE = Tolerance(1e-5, 1e-5)
+ENTRY_POINTS = {"row_sum": row_sum}
+TOLERANCES = {torch.float32: (1e-5, 1e-5)}
+SIZES = {"small": dict(n=5), "tiny": dict(n=3)}
 
 
-def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
+def case(route_id, p, gen, device):
     fast = TREE.path_to(route_id)["speed"] == "fast"
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(2, {"small": 5, "tiny": 3}[size], generator=gen, dtype=dtype).to(device)
-    return Case(route_id, "row_sum", {"x": x, "fast": fast}, f"x {tuple(x.shape)} fast={fast}")
+    return "row_sum", {"x": torch.randn(2, p.n, generator=gen, dtype=torch.float64), "fast": fast}, {}
 
 
-def run(case: Case) -> dict[str, torch.Tensor]:
-    return {"value": row_sum(**case.kwargs)}
+def reference(kw, case):
+    return {"value": kw["x"].sum(-1)}
 
 
-def reference(case: Case) -> dict[str, torch.Tensor]:
-    return {"value": case.kwargs["x"].double().sum(-1)}
+def loop_sum(kw, case):
+    return {"value": torch.tensor([sum(row) for row in kw["x"].tolist()], dtype=torch.float64)}
 
 
-def loop_sum(case: Case) -> dict[str, torch.Tensor]:
-    return {"value": torch.tensor([sum(row) for row in case.kwargs["x"].double().tolist()], dtype=torch.float64)}
+def example(pick):
+    return dict(n=pick(range(1, 5)))
 
 
-def check_ones(route_id: str, n: int, device: torch.device, dtype: torch.dtype) -> None:
-    case = make_case(route_id, size="tiny", dtype=dtype, device=device, seed=0)
-    case = case.with_kwargs(f"x ones (2, {n})", x=torch.ones(2, n, device=device))
-    expect_close("sum of ones", run_route(run, case)["value"], torch.full((2,), float(n)), TOLERANCE)
+def sum_of_ones(check, case):
+    n = case.problem.n
+    ones = case.with_kwargs(f"x ones (2, {n})", x=torch.ones(2, n, device=case.device))
+    check.close("sum of ones", check.run(ones)["value"], torch.full((2,), float(n)))
 
 
-FAMILY = Family(
-    name="TOY", package=package, tree=TREE, entry_points={"row_sum": row_sum},
-    make_case=make_case, run=run, reference=reference, tolerances={torch.float32: TOLERANCE},
-    oracles=(Oracle("python loop", "tiny", loop_sum),),
-    properties=(Property("sum of ones is the row length", ("TOY.*",), lambda: st.integers(1, 4), check_ones),),
-    adversarial=(Adversarial("huge values", ("TOY.*",), lambda c: c.with_kwargs("x * 1e30", x=c.kwargs["x"] * 1e30)),),
-    bad_inputs=(BadInput("x", "1-D", ("TOY.*",), lambda c: c.with_kwargs("x 1-D", x=c.kwargs["x"][0])),),
-    batch_items=(batch_along("a row", ("TOY.*",), {"x": 0, "value": 0}),),
-)
+ORACLES = (("python loop", "tiny", loop_sum),)
+PROPERTIES = (("sum of ones is the row length", "TOY.*", sum_of_ones),)
+ADVERSARIAL = (("huge values", "TOY.*", {"x": lambda x: x * 1e30}),)
+BAD_INPUTS = (("x", "1-D", "TOY.*", lambda c: c.kwargs["x"][0]),)
+BATCH_ITEMS = (("a row", "TOY.*", {"x": 0, "value": 0}),)
 ''',
 }
 TOYS = ("toya", "toyb")

@@ -27,13 +27,9 @@ PLUGIN = '''\
 
 FAMILY = '''\
 import torch
-from hypothesis import strategies as st
 
-import plugfam as package
 from provable_kernels import validate
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
-from kernel_sentinel import cases
-from kernel_sentinel.family import Adversarial, Case, Family, Invariant, Oracle, Tolerance
 
 
 def ask_grad(x):
@@ -57,49 +53,37 @@ def plug_sum(x):
     return TREE.dispatch(x)
 
 
-def make_case(route_id, *, size, dtype, device, seed):
+ENTRY_POINTS = {"plug_sum": plug_sum}
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}
+SIZES = {"small": dict(n=6), "tiny": dict(n=2)}
+
+
+def case(route_id, p, gen, device):
     train = TREE.path_to(route_id)["grad"] == "train"
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(3, {"small": 6, "tiny": 2}[size], generator=gen, dtype=torch.float64)
     upstream = {"value": torch.randn(3, generator=gen, dtype=torch.float64)} if train else {}
-    return Case(route_id, "plug_sum", {"x": x.to(device, dtype).requires_grad_(train)}, f"x {tuple(x.shape)}", upstream)
+    return "plug_sum", {"x": torch.randn(3, p.n, generator=gen, dtype=torch.float64)}, upstream
 
 
-def run(case):
-    return cases.outputs_and_gradients({"value": plug_sum(**case.kwargs)}, case)
+def reference(kw, case):
+    return {"value": kw["x"].sum(-1)}
 
 
-def reference(case):
-    kw = cases.float64_leaves(case.kwargs)
-    with torch.enable_grad():
-        return cases.outputs_and_gradients({"value": kw["x"].sum(-1)}, case, kw)
+def loop(kw, case):
+    return {"value": torch.tensor([sum(r) for r in kw["x"].tolist()], dtype=torch.float64)}
 
 
-def loop(case):
-    return {"value": torch.tensor([sum(r) for r in case.kwargs["x"].double().tolist()], dtype=torch.float64)}
+def example(pick):
+    return dict(n=pick(range(1, 10)))
 
 
-def seeded(route_id, seed, device, dtype=torch.float64):
-    return make_case(route_id, size="tiny", dtype=dtype, device=device, seed=seed)
-
-
-TOLERANCES = {torch.float32: Tolerance(1e-5, 1e-5), torch.float64: Tolerance(1e-12, 1e-12)}
-FAMILY = Family(
-    name="plugfam", package=package, tree=TREE, entry_points={"plug_sum": plug_sum}, make_case=make_case, run=run,
-    reference=reference, tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
-    oracles=(Oracle("python loop", "tiny", loop),),
-    properties=(cases.agreement_property("python loop", ("plugfam.*",), lambda: st.integers(0, 9), seeded, run, loop,
-                                         TOLERANCES),
-                cases.finite_difference_property(("plugfam.train",), lambda: st.integers(0, 9), seeded, run)),
-    adversarial=(cases.transformed_input("NaN input", ("plugfam.*",), "x", lambda x: x * float("nan"), "NaN",
-                                         errors_ok=True),
-                 Adversarial("huge", ("plugfam.*",), lambda c: cases.transform_argument(c, "x", lambda x: x * 1e30,
-                                                                                         "* 1e30"),
-                             allow_inf=("value",))),
-    bad_inputs=cases.standard_bad_inputs(("plugfam.*",), ("x",), rejects_nan=("x",), rejects_inf=("x",)),
-    invariants=(Invariant("Row sums equal a Python loop.", "tests/test_plugfam.py::test_row_sums"),),
-    batch_items=(cases.batch_along("a row", ("plugfam.*",), {"x": 0, "value": 0, "grad_x": 0}),),
-)
+ORACLES = (("python loop", "tiny", loop),)
+AGREEMENTS = (("python loop", "plugfam.*", loop),)
+FINITE_DIFFERENCES = "plugfam.train"
+ADVERSARIAL = (("NaN input", "plugfam.*", {"x": lambda x: x * float("nan")}, None, {"errors_ok": True}),
+               ("huge", "plugfam.*", {"x": lambda x: x * 1e30}, None, {"allow_inf": ("value",)}))
+STANDARD_BAD_INPUTS = dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",))
+INVARIANTS = (("Row sums equal a Python loop.", "tests/test_plugfam.py::test_row_sums"),)
+BATCH_ITEMS = (("a row", "plugfam.*", {"x": 0, "value": 0, "grad_x": 0}),)
 '''
 
 

@@ -1,123 +1,332 @@
-"""Registration of the semi-CRF family with sentinel (imported only by :mod:`kernel_sentinel.registry`).
+"""Registration of the semi-CRF family for verification (data and plain functions; sentinel reads it, see
+``kernel_sentinel.registration``): the streaming routes (``TREE``) and what is family-wide; ``family_head`` and
+``family_exact`` register the head's and the exact backend's trees.
 
-The family has three decision trees, each registered by its own part: the streaming entry points
-(:mod:`~provable_kernels.semicrf.family_streaming`), the head (:mod:`~provable_kernels.semicrf.family_head`) and
-the exact backend (:mod:`~provable_kernels.semicrf.family_exact`). Each part provides ``make_case``, ``run``,
-``reference``, oracles, properties, adversarial and bad inputs for its routes; this module assembles them with
-the family-wide declarations: guards, invariants (linked tests), failure modes and known issues.
+Streaming outputs: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>`` of each tensor
+present (weights ``Case.upstream["value"]`` (B,)); Viterbi routes give ``score`` (B,), ``labels`` (B, T) (-1 past
+each length) and ``starts`` (B, T). References: :mod:`provable_kernels.semicrf.oracle`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-import provable_kernels.semicrf as package
 from provable_kernels import semiring as semirings
-from provable_kernels.semicrf import autograd, family_exact, family_head, family_streaming, torch_ops
+from provable_kernels.semicrf import autograd, family_exact, family_head, oracle, torch_ops
 from provable_kernels.semicrf.call import make_call
-from provable_kernels.semicrf.dispatch import TREE
-from provable_kernels.semicrf.exact import EXACT_TREE
-from provable_kernels.semicrf.family_tolerances import TOLERANCES
-from provable_kernels.semicrf.head import HEAD_TREE
+from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
+from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
 from provable_kernels.triton_math import lse_shift
-from kernel_sentinel.family import Family, FailureMode, Guard, Invariant, KnownIssue
+
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-9, 1e-9)}
+PARTS = (family_head, family_exact)
+TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
+STREAMING = ("semicrf.triton.*", "semicrf.torch.*")
+ENTRY_POINTS = {f.__name__: f for f in (semi_crf_streaming_forward, semi_crf_viterbi)}
+VITERBI, PATH = semi_crf_viterbi.__name__, ("score", "labels", "starts")
+# A problem: sizes, lengths, 3-D transition (None: on the training routes only), projections, ``unit_weights``
+# (upstream all 1). The small case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the
+# outside recursion starts at each sequence's own length; a per-sequence offset error shows only in b >= 1), a 3-D
+# transition on the training routes and both projections; --quick (all tiny) sees 3-D ones in the properties.
+SIZES = {"small": dict(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=None, proj_start=True, proj_end=True),
+         "tiny": dict(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True)}
+
+
+def fit(route_id: str, p: Any, device: torch.device) -> dict:
+    return dict(p, transition_3d=TREE.path_to(route_id).get("grad") == "train") if p.transition_3d is None else p
+
+
+def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
+    """Per-position scores ~ N(0, 1) summed into ``cum_scores`` (zero first row), the rest ~ N(0, 0.5); entry
+    point, ``use_triton``, semiring and gradients follow the route's path; sequence b's value weighs
+    ``weights[b]``."""
+    path = TREE.path_to(route_id)
+    normal = lambda *size: 0.5 * torch.randn(*size, generator=gen, dtype=torch.float64)  # noqa: E731
+    scores = torch.randn(p.B, p.T, p.C, generator=gen, dtype=torch.float64)
+    kwargs = dict(cum_scores=torch.cat([scores.new_zeros(p.B, 1, p.C), scores.cumsum(1)], 1),
+                  transition=normal(*((p.K,) if p.transition_3d else ()), p.C, p.C), duration_bias=normal(p.K, p.C),
+                  proj_start=normal(p.B, p.T, p.C) if p.proj_start else None,
+                  proj_end=normal(p.B, p.T, p.C) if p.proj_end else None, lengths=torch.tensor(p.lengths), K=p.K,
+                  use_triton=path["backend"] == "triton", **({"semiring": path["semiring"]} if "semiring" in path else {}))
+    weights = torch.ones(p.B, dtype=torch.float64) if p.get("unit_weights") else torch.randn(
+        p.B, generator=gen.manual_seed(p.seed + 1), dtype=torch.float64)
+    entry = VITERBI if path["op"] == "viterbi" else semi_crf_streaming_forward.__name__
+    return entry, kwargs, {"value": weights} if path.get("grad") == "train" else {}
+
+
+def outputs(result: Any, case: Any) -> dict:
+    if case.entry != VITERBI:
+        return {"value": result}
+    labels, starts = result.padded(case.kwargs["cum_scores"].shape[1] - 1)
+    return {"score": result.scores, "labels": labels, "starts": starts.long()}
+
+
+def _model(kw: dict) -> dict:
+    """The model's arguments (the five tensors, lengths, K), as the oracle functions take them."""
+    return {n: kw[n] for n in TENSORS + ("lengths", "K")}
+
+
+def reference(kw: dict, case: Any) -> dict:
+    """``oracle.naive_partition`` (the plain recursion keeping every alpha); Viterbi: ``viterbi_by_gradient``."""
+    if case.entry == VITERBI:
+        return dict(zip(PATH, oracle.viterbi_by_gradient(**_model(kw))))
+    return {"value": oracle.naive_partition(**_model(kw), semiring=kw["semiring"])}
+
+
+def exact_backend(kw: dict, case: Any) -> dict:
+    """``SemiMarkov(Log or Max).logpartition`` on ``edges_from_streaming``; the Viterbi path from the Max marginals
+    (a tie fails loudly)."""
+    edge, lengths = edges_from_streaming(**{n: x for n, x in _model(kw).items() if n != "lengths"}), kw["lengths"]
+    if case.entry == VITERBI:
+        best = SemiMarkov(semirings.Max())
+        segments = oracle.segments_from_edge_indicator(best.marginals(edge, lengths))
+        return dict(zip(PATH, (best.logpartition(edge, lengths), *oracle.path_tensors(segments, edge.shape[1]))))
+    return {"value": SemiMarkov(semirings.Log() if kw["semiring"] == "log" else semirings.Max()).logpartition(
+        edge, lengths)}
+
+
+def brute_force(kw: dict, case: Any) -> dict:
+    """Enumerate every segmentation (``oracle.all_scores``), score each from the convention, and take logsumexp /
+    max; gradients as expectations of each segmentation's feature counts (``oracle.feature_gradients``)."""
+    scored = oracle.all_scores(**_model(kw))
+    if case.entry == VITERBI:
+        return dict(zip(PATH, oracle.brute_force_viterbi(scored, kw["cum_scores"].shape[1] - 1)))
+    value = {"value": oracle.brute_force_value(scored, kw["semiring"])}
+    if not case.upstream:
+        return value
+    present = {n: kw[n].detach() for n in TENSORS if kw[n] is not None}
+    return value | oracle.feature_gradients(scored, present, case.upstream["value"].tolist(), kw["semiring"])
+
+
+ORACLES = (("exact backend", "small", exact_backend), ("brute force", "tiny", brute_force))
+BATCH_ITEMS = (("a sequence", STREAMING, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value",
+                                                         "grad_cum_scores", "grad_proj_start", "grad_proj_end",
+                                                         *PATH), 0), ("grad_transition", "grad_duration_bias")),)
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+
+def example(pick: Any, K: int = 0, projections: Any = None) -> dict:
+    """Random small shapes: B <= 3, T <= 8, K <= 5 (K > T included), C <= 3, any lengths, 2-D or 3-D
+    transitions, projections on or off; ``K``/``projections`` fix those."""
+    B, T, C = pick(range(1, 4)), pick(range(1, 9)), pick(range(1, 4))
+    K, lengths = K or pick(range(1, 6)), tuple(pick(range(1, T + 1)) for _ in range(B))
+    proj = [projections] * 2 if projections is not None else [pick((False, True)), pick((False, True))]
+    return dict(B=B, T=T, K=K, C=C, lengths=lengths, transition_3d=pick((False, True)), proj_start=proj[0],
+                proj_end=proj[1])
+
+
+def viterbi_score(kw: dict, case: Any) -> dict:
+    """The best score by the family's own Viterbi entry point (on the case's device), as ``value``."""
+    return {"value": semi_crf_viterbi(**{n: x.detach() if torch.is_tensor(x) else x for n, x in case.kwargs.items()
+                                         if n != "semiring"}).scores}
+
+
+def linear_chain(kw: dict, case: Any) -> dict:
+    value = oracle.linear_chain(**_model(kw), semiring=kw.get("semiring", "max"))
+    return {"score" if case.entry == VITERBI else "value": value}
+
+
+def logz_above_best(check: Any, case: Any) -> None:
+    value, best = check.forward(case)["value"].detach().cpu(), viterbi_score({}, case)["value"].cpu()
+    check.expect(bool((value >= best - check.tolerance.atol - check.tolerance.rtol * best.abs()).all()),
+                 f"logZ {value.tolist()} below the Viterbi score {best.tolist()}")
+
+
+def cum_gradient_sums_to_zero(check: Any, case: Any) -> None:
+    total = check.run(case)["grad_cum_scores"].sum(1)  # (B, C): every segment adds +1 at its end and -1 at its start
+    check.close("sum over t of d/d cum_scores", total, torch.zeros_like(total))
+
+
+def marginals(check: Any, case: Any) -> None:
+    """With unit weights, d logZ / d proj_start and d proj_end are start / end marginals: in [0, 1], and every
+    position t < L lies in exactly one segment in expectation: sum_{s<=t} starts(s) - sum_{e<t} ends(e) = 1."""
+    out = check.run(case)
+    starts, ends, atol = out["grad_proj_start"], out["grad_proj_end"], check.tolerance.atol
+    for name, m in (("start", starts), ("end", ends)):
+        check.expect(bool(((m >= -atol) & (m <= 1 + atol)).all()),
+                     f"{name} marginals outside [0, 1]: min {float(m.min())}, max {float(m.max())}")
+    opened = starts.sum(2).cumsum(1)
+    closed = torch.cat([torch.zeros_like(opened[:, :1]), ends.sum(2).cumsum(1)[:, :-1]], 1)
+    inside = torch.arange(opened.shape[1], device=opened.device)[None] < case.kwargs["lengths"][:, None]
+    check.close("segments covering each position", opened - closed, inside.to(opened.dtype))
+
+
+def viterbi_path(check: Any, case: Any) -> None:
+    """The decoded segments tile [0, L) with durations 1..K, their score computed by the brute-force oracle's
+    scorer equals the Viterbi score, and that equals the exact backend's best score."""
+    got = check.forward(case)
+    path = lambda kw, c: {"score": oracle.path_scores(got["labels"].cpu(), got["starts"].cpu(), **_model(kw))}  # noqa
+    check.close("Viterbi score vs score of its segments", got["score"], check.computed(path, case)["score"])
+    check.close("Viterbi score vs exact backend", got["score"], check.computed(exact_backend, case)["score"])
+
+
+def pinned(name: str, direction: torch.Tensor) -> torch.Tensor:
+    """A finite-difference direction that keeps the convention ``cum_scores[:, 0] = 0``."""
+    return torch.cat([direction[:, :1] * 0, direction[:, 1:]], 1) if name == "cum_scores" else direction
+
+AGREEMENTS = (
+    ("max route == Viterbi score", "semicrf.*.max.*", viterbi_score),
+    ("K = 1 equals a linear-chain CRF", STREAMING, linear_chain, (), lambda pick: example(pick, K=1)),
+    ("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"),
+     lambda kw, case: {"value": exact_backend(kw, case)["value"]}),
+)
+PROPERTIES = (
+    ("logZ >= Viterbi score", "semicrf.*.log.*", logz_above_best),
+    ("gradient wrt cum_scores sums to 0 over t per label", "semicrf.*.train", cum_gradient_sums_to_zero),
+    ("start/end marginals in [0, 1], each position covered once", "semicrf.*.log.train", marginals, (),
+     lambda pick: {**example(pick, projections=True), "unit_weights": True}),
+    ("Viterbi path is a valid segmentation scoring the Viterbi score", "semicrf.*.viterbi", viterbi_path),
+)
+FINITE_DIFFERENCES = "semicrf.*.train"
+
+
+# ------------------------------------------------------------------------------------------- guards, bad input
+
+
+def neg_inf_iff_longer_than_K(check: Any, case: Any, outputs: dict) -> None:
+    """With every transition -inf only one-segment paths remain: -inf exactly where L > K."""
+    value, lengths = outputs.get("value", outputs.get("score")).cpu(), case.kwargs["lengths"].cpu()
+    impossible = lengths > case.kwargs["K"]
+    check.expect(bool((value[impossible] == -math.inf).all()) and bool(torch.isfinite(value[~impossible]).all()),
+                 f"values {value.tolist()} for lengths {lengths.tolist()}: want -inf exactly where L > K")
+
+
+def _large(scale: float, offset: float) -> dict:
+    """Scores, transitions and duration biases times ``scale``; then ``offset`` added per position to every label
+    and to every transition, subtracted from every duration bias: every segmentation's score moves by the same
+    amount, so the marginals (gradients) stay far from 0/1."""
+    return {"cum_scores": lambda x: x * scale + offset * torch.arange(x.shape[1], dtype=x.dtype)[None, :, None],
+            "transition": lambda x: x * scale + offset, "duration_bias": lambda x: x * scale - offset}
+
+
+NO_PATH, NEG_INF = {"allow_inf": ("value", "score")}, lambda x: x.fill_(-math.inf)
+# The Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
+# (triton_ops.config; CP = C padded to a power of two): many labels give several chunks per step, merged online.
+# Huge scores: logZ within 1e-6 relative, gradients 1e-4 ("agrees"), as for O(1) scores.
+ADVERSARIAL = (
+    ("all transitions -inf, 3-D transition", STREAMING, {"problem": {"transition_3d": True}, "transition": NEG_INF},
+     neg_inf_iff_longer_than_K, NO_PATH),
+    ("all transitions -inf, 2-D transition", STREAMING, {"problem": {"transition_3d": False}, "transition": NEG_INF},
+     neg_inf_iff_longer_than_K, NO_PATH),
+    ("self transitions -inf", STREAMING,
+     {"transition": lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool), -math.inf)}),
+    ("durations > 1 forbidden (-inf bias)", STREAMING,
+     {"duration_bias": lambda x: torch.cat([x[:1], torch.full_like(x[1:], -math.inf)])}),
+    ("scores, transitions, duration biases * 1e4", STREAMING, _large(1e4, 0), "agrees"),
+    ("offsets of 1e4 keeping the distribution", STREAMING, _large(1, 1e4), "agrees"),
+    ("length 1", STREAMING, {"problem": lambda c: {"lengths": (1,) + c.problem.lengths[1:]}}),
+    ("all lengths 1", STREAMING, {"problem": lambda c: {"lengths": (1,) * c.problem.B}}),
+    ("T = 1", STREAMING, {"problem": lambda c: {"T": 1, "lengths": (1,) * c.problem.B}}),
+    ("K > T", STREAMING, {"problem": lambda c: {"K": c.problem.T + 2}}),
+    ("C = 33, 3-D transitions: one duration per chunk", STREAMING, {"problem": {"C": 33, "transition_3d": True}},
+     "reference"),
+    ("C = 40, K = T = 65, 2-D transitions: two duration chunks", STREAMING,
+     {"problem": {"T": 65, "K": 65, "C": 40, "lengths": (65, 30)}}, "reference"),
+    ("NaN input", STREAMING, {"cum_scores": lambda x: x.index_fill(1, torch.tensor([1]), math.nan)}, None,
+     {"errors_ok": True}),
+)
+
+STANDARD_BAD_INPUTS = dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
+                           rejects_nan=TENSORS, rejects_inf=TENSORS)
+ARG = lambda c, name: c.kwargs[name].detach()  # noqa: E731
+BAD_INPUTS = (
+    ("cum_scores", "T = 0", STREAMING, lambda c: ARG(c, "cum_scores")[:, :1]),
+    ("cum_scores", "C = 0", STREAMING, lambda c: ARG(c, "cum_scores")[..., :0]),
+    ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", STREAMING,
+     lambda c: ARG(c, "cum_scores") + 1.0),
+    ("transition", "shape (C+1, C)", STREAMING, lambda c: ARG(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)),
+    ("transition", "twice as many rows", STREAMING, lambda c: torch.cat([ARG(c, "transition")] * 2)),
+    ("duration_bias", "shape (K+1, C)", STREAMING, lambda c: torch.cat([ARG(c, "duration_bias")] * 2)),
+    ("lengths", "0", STREAMING, lambda c: torch.zeros_like(ARG(c, "lengths"))),
+    ("lengths", "T + 1", STREAMING, lambda c: torch.full_like(ARG(c, "lengths"), c.problem.T + 1)),
+    ("lengths", "shape (B+1,)", STREAMING, lambda c: torch.cat([ARG(c, "lengths"), ARG(c, "lengths")[:1]])),
+    ("K", "0", STREAMING, 0),
+    ("K", "a float", STREAMING, lambda c: float(c.kwargs["K"])),
+    ("semiring", "'sum'", ("semicrf.*.log.*", "semicrf.*.max.*"), "sum"),
+    ("proj_start", "shape (B, T+1, C)", STREAMING, lambda c: torch.cat([ARG(c, "proj_start")] * 2, 1)[:, :-c.problem.T + 1]),
+    ("proj_end", "shape (B, T, C+1)", STREAMING, lambda c: torch.cat([ARG(c, "proj_end")] * 2, 2)[..., :c.problem.C + 1]),
+    ("use_triton", "a string", STREAMING, "yes"),
+)
+
+
+# ------------------------------------------------------------------------------------------- documentation
 
 REF, EXACT, HEAD, TRITON = (f"tests/test_semicrf_{name}.py" for name in ("reference", "exact", "head", "triton"))
 INVARIANTS = (
-    Invariant("Every route is reached by the dispatcher and passes route, reference, exact, property, guard and "
-              "bad-input checks.", "tests/test_verify.py::test_every_semicrf_route_passes_quick"),
-    Invariant("logZ and the max score equal brute-force enumeration of every segmentation (durations 1..K, K "
-              "inclusive; the first segment pays no transition).", f"{REF}::test_partition_matches_oracle"),
-    Invariant("Viterbi returns the brute-force best segmentation; ties prefer the shorter duration, then the "
-              "smaller label.", f"{REF}::test_viterbi_ties_prefer_shorter_duration_then_smaller_label"),
-    Invariant("The hand-written backward equals autograd of a brute force for all five inputs.",
-              f"{REF}::test_log_gradients_match_brute_force"),
-    Invariant("The max route's gradient is the indicator of the best path.",
-              f"{REF}::test_max_gradients_are_the_best_path_indicator"),
-    Invariant("A sequence with no finite segmentation gives -inf and zero gradients, never NaN.",
-              f"{REF}::test_impossible_sequence_gives_neg_inf_and_zero_gradients"),
-    Invariant("Repeated runs are bitwise identical.", f"{REF}::test_repeated_runs_are_bitwise_identical"),
-    Invariant("Float32 inputs at T = 100,000: logZ relative error <= 1e-6 against float64.",
-              f"{REF}::test_float32_stays_accurate_at_T_100000"),
-    Invariant("One edge convention: edges_from_streaming + SemiMarkov score every segmentation like the streaming "
-              "convention.", f"{EXACT}::test_edges_mean_the_streaming_convention"),
-    Invariant("The counting semiring counts segmentations exactly.", f"{EXACT}::test_counting_gives_exact_counts"),
-    Invariant("The loss is normalised: NLL >= 0 for every gold and exp(-NLL) sums to 1 over all segmentations.",
-              f"{HEAD}::test_nll_is_a_normalised_negative_log_likelihood"),
-    Invariant("Every wrong argument raises ValueError/TypeError naming it.",
-              "tests/test_semicrf_api.py::test_bad_argument_raises_naming_it"),
-    Invariant("The Triton backward equals autograd of a brute force for all five inputs.",
-              f"{TRITON}::test_log_gradients_against_brute_force"),
-    Invariant("Triton gradients are bitwise identical on repeated runs (no atomics on outputs).",
-              f"{TRITON}::test_gradients_are_bitwise_deterministic"),
-    Invariant("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"),
+    ("Every route is reached by the dispatcher and passes route, reference, exact, property, guard and bad-input "
+     "checks.", "tests/test_verify.py::test_every_semicrf_route_passes_quick"),
+    ("logZ and the max score equal brute-force enumeration of every segmentation (durations 1..K, K inclusive; the "
+     "first segment pays no transition).", f"{REF}::test_partition_matches_oracle"),
+    ("Viterbi returns the brute-force best segmentation; ties prefer the shorter duration, then the smaller label.",
+     f"{REF}::test_viterbi_ties_prefer_shorter_duration_then_smaller_label"),
+    ("The hand-written backward equals autograd of a brute force for all five inputs.",
+     f"{REF}::test_log_gradients_match_brute_force"),
+    ("The max route's gradient is the indicator of the best path.",
+     f"{REF}::test_max_gradients_are_the_best_path_indicator"),
+    ("A sequence with no finite segmentation gives -inf and zero gradients, never NaN.",
+     f"{REF}::test_impossible_sequence_gives_neg_inf_and_zero_gradients"),
+    ("Repeated runs are bitwise identical.", f"{REF}::test_repeated_runs_are_bitwise_identical"),
+    ("Float32 inputs at T = 100,000: logZ relative error <= 1e-6 against float64.",
+     f"{REF}::test_float32_stays_accurate_at_T_100000"),
+    ("One edge convention: edges_from_streaming + SemiMarkov score every segmentation like the streaming "
+     "convention.", f"{EXACT}::test_edges_mean_the_streaming_convention"),
+    ("The counting semiring counts segmentations exactly.", f"{EXACT}::test_counting_gives_exact_counts"),
+    ("The loss is normalised: NLL >= 0 for every gold and exp(-NLL) sums to 1 over all segmentations.",
+     f"{HEAD}::test_nll_is_a_normalised_negative_log_likelihood"),
+    ("Every wrong argument raises ValueError/TypeError naming it.",
+     "tests/test_semicrf_api.py::test_bad_argument_raises_naming_it"),
+    ("The Triton backward equals autograd of a brute force for all five inputs.",
+     f"{TRITON}::test_log_gradients_against_brute_force"),
+    ("Triton gradients are bitwise identical on repeated runs (no atomics on outputs).",
+     f"{TRITON}::test_gradients_are_bitwise_deterministic"),
+    ("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"),
 )
 
-PARTS = {"semicrf.head.": family_head, "semicrf.exact.": family_exact}  # the other routes: the streaming tree's
+TRAIN = "semicrf.*.train"
+FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
+    "NaN in the loss": ("semicrf/partition-triton.md#numerical-guards",
+                        "guide/semicrf-training.md#value-checks-and-host-syncs",
+                        "guards check (-inf transitions, huge scores, length 1); written check (poisoned allocations); "
+                        "NaN inputs rejected by validation"),
+    "NaN in the backward": ("semicrf/partition-triton.md#numerical-guards",
+                            "guide/semicrf-training.md#accuracy-and-score-magnitude",
+                            "guards check on the training routes; the -inf-safe logsumexp shift (Numerical guards)",
+                            TRAIN),
+    "wrong gradients": ("semicrf/partition-triton.md#routes", "guide/semicrf-conventions.md#loss-and-decoding",
+                        "reference and exact checks (every gradient vs the float64 oracle); finite-difference property",
+                        TRAIN),
+    "out of memory": ("semicrf/index.md#known-issues", "guide/semicrf-conventions.md#exact-backend-edges",
+                      "the streaming routes' O(T*C) per sequence (the Triton training route's saved gradients, the "
+                      "PyTorch route's float64 inputs); the exact backend is for small problems"),
+    "backend mismatch": ("semicrf/partition-triton.md#verification", "semicrf/partition-torch.md#routes",
+                         "reference and exact checks: both backends against the same float64 oracle", STREAMING),
+}
 
-
-def _part(route_id: str) -> Any:
-    """The module registering ``route_id``'s tree."""
-    return next((part for prefix, part in PARTS.items() if route_id.startswith(prefix)), family_streaming)
-
-
-FAILURE_MODES = (  # symptom -> the trace section to read first, a second page, what covers it
-    FailureMode("NaN in the loss", "semicrf/partition-triton.md#numerical-guards",
-                "guide/semicrf-training.md#value-checks-and-host-syncs",
-                "guards check (-inf transitions, huge scores, length 1); written check (poisoned allocations); "
-                "NaN inputs rejected by validation", checks=("guards", "written"), signs=("has NaN", "has inf", "poisoned")),
-    FailureMode("NaN in the backward", "semicrf/partition-triton.md#numerical-guards",
-                "guide/semicrf-training.md#accuracy-and-score-magnitude",
-                "guards check on the training routes; the -inf-safe logsumexp shift (Numerical guards)",
-                checks=("guards", "written"), signs=("has NaN", "has inf", "poisoned"), routes=("semicrf.*.train",)),
-    FailureMode("wrong gradients", "semicrf/partition-triton.md#routes",
-                "guide/semicrf-conventions.md#loss-and-decoding",
-                "reference and exact checks (every gradient vs the float64 oracle); finite-difference property",
-                checks=("reference", "exact", "properties", "guards"),
-                signs=("grad", "derivative"), routes=("semicrf.*.train",)),
-    FailureMode("out of memory", "semicrf/index.md#known-issues", "guide/semicrf-conventions.md#exact-backend-edges",
-                "the streaming routes' O(T*C) per sequence (the Triton training route's saved gradients, the PyTorch "
-                "route's float64 inputs); the exact backend is for small problems"),
-    FailureMode("backend mismatch", "semicrf/partition-triton.md#verification", "semicrf/partition-torch.md#routes",
-                "reference and exact checks: both backends against the same float64 oracle",
-                checks=("reference", "exact"), routes=("semicrf.triton.*", "semicrf.torch.*")),
-    FailureMode("wrong route taken", "semicrf/index.md#dispatch-conditions", "semicrf/index.md#decision-tree",
-                "route check: the dispatcher records the route id it took", checks=("route",)),
+GUARDS = (
+    ("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside 1..T, "
+     "K < 1, NaN/+inf scores raise ValueError/TypeError naming the argument.", make_call),
+    ("A semiring sum over only -inf terms is -inf with zero gradient, never NaN (the exact backend's safe "
+     "logsumexp).", semirings.logsumexp),
+    ("Triton kernels shift every logsumexp by where(max == -inf, 0, max): a slice of only -inf terms gives -inf, "
+     "never NaN (the shared provable_kernels.triton_math helpers).", lse_shift.fn),
+    ("A sequence with no segmentation of finite score (e.g. every transition -inf and L > K) gets logZ = -inf and "
+     "zero gradients in the PyTorch backward.", torch_ops.backward),
+    ("The max route's gradient is the indicator of the decoded path, zero where the best score is -inf.",
+     autograd.max_partition),
 )
 
-FAMILY = Family(
-    name="semicrf", package=package, tree=TREE, more_trees=(HEAD_TREE, EXACT_TREE),
-    entry_points={**family_streaming.ENTRIES, **family_head.ENTRY_POINTS, **family_exact.ENTRY_POINTS},
-    make_case=lambda route_id, **options: _part(route_id).make_case(route_id, **options),
-    run=lambda case: _part(case.route_id).run(case), reference=lambda case: _part(case.route_id).reference(case),
-    tolerances=TOLERANCES, dtypes=(torch.float32, torch.float64),
-    oracles=family_streaming.ORACLES + family_head.ORACLES + family_exact.ORACLES,
-    properties=family_streaming.PROPERTIES + family_head.PROPERTIES + family_exact.PROPERTIES,
-    adversarial=family_streaming.ADVERSARIAL + family_head.ADVERSARIAL + family_exact.ADVERSARIAL,
-    bad_inputs=family_streaming.BAD_INPUTS + family_head.BAD_INPUTS + family_exact.BAD_INPUTS, invariants=INVARIANTS,
-    batch_items=family_streaming.BATCH_ITEMS + family_head.BATCH_ITEMS + family_exact.BATCH_ITEMS,
-    guards=(
-        Guard("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside "
-              "1..T, K < 1, NaN/+inf scores raise ValueError/TypeError naming the argument.", make_call),
-        Guard("A semiring sum over only -inf terms is -inf with zero gradient, never NaN (the exact backend's "
-              "safe logsumexp).", semirings.logsumexp),
-        Guard("Triton kernels shift every logsumexp by where(max == -inf, 0, max): a slice of only -inf terms gives "
-              "-inf, never NaN (the shared provable_kernels.triton_math helpers).", lse_shift.fn),
-        Guard("A sequence with no segmentation of finite score (e.g. every transition -inf and L > K) gets logZ "
-              "= -inf and zero gradients in the PyTorch backward.", torch_ops.backward),
-        Guard("The max route's gradient is the indicator of the decoded path, zero where the best score is -inf.",
-              autograd.max_partition),
-    ),
-    failure_modes=FAILURE_MODES,
-    known_issues=(
-        KnownIssue("A sequence with no segmentation of finite score gets -inf (partition and Viterbi score); its "
-                   "decoded Viterbi segments are then some valid segmentation, not a meaningful one.", "low",
-                   "only when -inf scores forbid every segmentation of a sequence",
-                   "by design and documented; the guards check gives -inf there, never NaN"),
-        KnownIssue("The exact backend builds the (B, T, K, C, C) edge tensor: it is for verification and small "
-                   "problems only.", "medium", "every exact-backend call; memory grows as B*T*K*C^2",
-                   "use the streaming routes (the head chooses them above its memory threshold)"),
-        *family_exact.KNOWN_ISSUES,
-    ),
+KNOWN_ISSUES = (
+    ("A sequence with no segmentation of finite score gets -inf (partition and Viterbi score); its decoded Viterbi "
+     "segments are then some valid segmentation, not a meaningful one.", "low",
+     "only when -inf scores forbid every segmentation of a sequence",
+     "by design and documented; the guards check gives -inf there, never NaN"),
+    ("The exact backend builds the (B, T, K, C, C) edge tensor: it is for verification and small problems only.",
+     "medium", "every exact-backend call; memory grows as B*T*K*C^2",
+     "use the streaming routes (the head chooses them above its memory threshold)"),
+    "The exact backend's cross-entropy and KL semirings in float32 lose accuracy at scores of 1e4 (about 3e-4 "
+    "relative against the float64 enumeration): their verification stops at scores of 1e3; use float64 there.",
 )

@@ -369,3 +369,77 @@ def path_scores(labels, starts, cum_scores, transition, duration_bias, lengths, 
                                transition, duration_bias, None if proj_start is None else proj_start[b],
                                None if proj_end is None else proj_end[b])
                          for b, L in enumerate(torch.as_tensor(lengths).tolist())], dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------ the exact backend's semirings, the head
+
+
+def _expected_log(items_p, items_q) -> tuple[float, float]:
+    """``(E_p[log p(y)], E_p[log q(y)])`` of one sequence, log-probabilities as score minus log Z (no log of an
+    underflowed probability)."""
+    log_zp, log_zq = logsumexp([s for _, s in items_p]), logsumexp([s for _, s in items_q])
+    p = probabilities(items_p)
+    return (math.fsum(pi * (sp - log_zp) for pi, (_, sp) in zip(p, items_p) if pi > 0),
+            math.fsum(pi * (sq - log_zq) for pi, (_, sq) in zip(p, items_q) if pi > 0))
+
+
+def semiring_value(name: str, scored, scored_q=None, k: int = 3) -> torch.Tensor:
+    """The exact backend's value per sequence under semiring ``name``, float64, from the enumerated log-scores
+    ``scored`` (of p; ``scored_q``: of q, for ``cross_entropy`` and ``kl_divergence``): ``log`` (log Z), ``max``,
+    ``counting`` (the total weight, sum of exp(score)), ``entropy``, ``cross_entropy`` (-E_p log q),
+    ``kl_divergence`` (E_p log p - E_p log q), ``kmax`` ((k, B): the k best scores)."""
+    values: dict[str, Callable[[], list]] = {
+        "log": lambda: log_partition(scored), "max": lambda: [s for _, s in best(scored)],
+        "counting": lambda: [math.fsum(math.exp(s) for _, s in items) for items in scored],
+        "entropy": lambda: entropy(scored),
+        "cross_entropy": lambda: [-log_q for _, log_q in map(_expected_log, scored, scored_q)],
+        "kl_divergence": lambda: [log_p - log_q for log_p, log_q in map(_expected_log, scored, scored_q)],
+        "kmax": lambda: [list(row) for row in zip(*top_k(scored, k))]}
+    return torch.tensor(values[name](), dtype=torch.float64)
+
+
+def edge_marginals(scored, shape: Sequence[int], best_only: bool = False) -> torch.Tensor:
+    """P(segment (s, d, c) entered from c_prev) (the first segment from row 0), float64 of ``shape`` (B, T, K, C,
+    C), from the enumerated log-scores; with ``best_only`` the indicator of the best segmentation."""
+    out = torch.zeros(tuple(shape), dtype=torch.float64)
+    for b, items in enumerate(scored):
+        top = best([items])[0][0]
+        weights = [float(y == top) for y, _ in items] if best_only else probabilities(items)
+        for (y, _), p in zip(items, weights):
+            prev = 0
+            for s, d, c in y:
+                out[b, s, d - 1, prev, c] += p
+                prev = c
+    return out
+
+
+def head_cum_scores(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``cum_scores`` (B, T+1, C) of a head's linear projection, written out: scores = hidden @ weight^T + bias, a
+    zero row, a cumulative sum (differentiable)."""
+    scores = torch.einsum("bth,ch->btc", hidden, weight) + bias
+    return torch.cat([scores.new_zeros(scores.shape[0], 1, scores.shape[2]), scores.cumsum(1)], 1)
+
+
+def gold_segmentations(labels: torch.Tensor, starts: Optional[torch.Tensor], lengths, K: int) -> list[Segmentation]:
+    """The gold segmentation of each sequence from ``labels`` and ``starts`` (B, T) (None: a segment starts where
+    the label changes), checked by :func:`path_segmentation`."""
+    out = []
+    for b, L in enumerate(torch.as_tensor(lengths).tolist()):
+        row = [x if t < L else -1 for t, x in enumerate(labels[b].tolist())]
+        begins = (starts[b].tolist() if starts is not None else
+                  [t < L and (t == 0 or row[t] != row[t - 1]) for t in range(len(row))])
+        out.append(path_segmentation(row, begins, L, K))
+    return out
+
+
+def gold_score(seg: Segmentation, cum: torch.Tensor, transition: torch.Tensor,
+               duration_bias: torch.Tensor) -> torch.Tensor:
+    """Differentiable score of one segmentation of one sequence, term by term from the convention (first segment:
+    no transition; no projections)."""
+    total, prev = cum.new_zeros(()), None
+    for s, d, c in seg:
+        total = total + cum[s + d, c] - cum[s, c] + duration_bias[d - 1, c]
+        if prev is not None:
+            total = total + (transition[d - 1] if transition.dim() == 3 else transition)[prev, c]
+        prev = c
+    return total
