@@ -18,8 +18,9 @@ Family-wide names, read from ``family.py``:
   taken" leads to the family's decision tree unless declared.
 - ``ALIASING`` and ``REJECTED_LAYOUTS`` (optional): the fields of
   :class:`~kernel_sentinel.family.Aliasing` / :class:`~kernel_sentinel.family.LayoutRejection`, as tuples.
-- ``PARTS`` (optional): more modules like ``family.py``, one per further dispatch tree (the semi-CRF's head and
-  exact backend); each declares the names below for its tree's routes.
+- ``PARTS`` (optional): the names of more modules of the package like ``family.py``, one per further dispatch tree
+  (the semi-CRF's ``family_head`` and ``family_exact``); each declares the names below for its tree's routes and may
+  import ``family.py``.
 
 Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
 
@@ -50,18 +51,18 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   route, a closed form of a special case) within the row's tolerance.
 - ``FINITE_DIFFERENCES`` (optional): route globs whose gradients are compared with float64 central differences on
   random examples; ``pinned(name, direction)`` (optional) holds still the entries a convention pins.
-- ``ADVERSARIAL``: ``(name, routes, change[, expect[, options]])``: guard inputs made from the route's tiny case.
+- ``ADVERSARIAL``: ``(name, change[, expect[, options]])``: guard inputs made from the route's tiny case.
   ``change`` is a function of the case returning the new case, or a dict: ``"problem"`` maps to changes of the
   problem (a dict, or a function of the case returning one; the case is rebuilt), every other key names an
   argument and maps to a function of it (``Case.transformed``). ``expect``: None (finite outputs only),
   ``"reference"`` (and within the row's tolerance of the reference), ``"agrees"`` (and within 1e-6 relative of it,
-  gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``{"allow_inf": names,
-  "errors_ok": True}`` (:class:`~kernel_sentinel.family.Adversarial`).
+  gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``routes`` (default the
+  part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
 - ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
   ``other_device``, ``rejects_nan``, ``rejects_inf``, and ``routes``, default the part's), or a tuple of them.
-- ``BAD_INPUTS``: ``(argument, what, routes, value)``: the tiny case with ``argument`` replaced by ``value``, or by
-  ``value(case)`` when it is callable (which may also return a whole new case); the call must raise an error
-  naming ``argument``.
+- ``BAD_INPUTS``: ``(argument, what, value[, routes])``: the tiny case with ``argument`` replaced by ``value``, or
+  by ``value(case)`` when it is callable (which may also return a whole new case); the call must raise an error
+  naming ``argument``. Routes default to the part's.
 - ``BATCH_ITEMS``: ``(what, routes, dims[, summed])`` for items along dimensions
   (:func:`kernel_sentinel.cases.batch_along`), or ``(what, routes, (split, join, outputs)[, summed])``
   (:class:`~kernel_sentinel.family.BatchItems`).
@@ -270,7 +271,7 @@ class Reader:
             case = self.part.rebuilt(case, problem(case) if callable(problem) else problem)
         return case.transformed(what, **functions)
 
-    def adversarial(self, name: str, routes: Any, change: Any, verdict: Any = None,
+    def adversarial(self, name: str, change: Any, verdict: Any = None,
                     options: Optional[Mapping[str, Any]] = None) -> Adversarial:
         if verdict == "reference":
             expected = lambda case, outputs: self.checker(case).matches_reference(case, outputs)  # noqa: E731
@@ -280,18 +281,18 @@ class Reader:
             expected = lambda case, outputs: verdict(self.checker(case), case, outputs)  # noqa: E731
         else:
             expected = None
-        return Adversarial(name, _globs(routes), lambda case: self.changed(case, name, change), expect=expected,
-                           **(options or {}))
+        options = dict(options or {})
+        routes = _globs(options.pop("routes", self.part.routes))
+        return Adversarial(name, routes, lambda case: self.changed(case, name, change), expect=expected, **options)
 
-    @staticmethod
-    def bad_input(argument: str, what: str, routes: Any, value: Any) -> BadInput:
+    def bad_input(self, argument: str, what: str, value: Any, routes: Any = None) -> BadInput:
         def make(case: Case) -> Case:
             new = value(case) if callable(value) else value
             if isinstance(new, Case):
                 return new.with_kwargs(f"{new.description}; {argument}: {what}")
             return cases.replace_argument(case, argument, new, what)
 
-        return BadInput(argument, what, _globs(routes), make)
+        return BadInput(argument, what, self.part.routes if routes is None else _globs(routes), make)
 
     def standard_bad_inputs(self, routes: Any = None, **options: Any) -> tuple[BadInput, ...]:
         return cases.standard_bad_inputs(self.part.routes if routes is None else _globs(routes), **options)
@@ -346,7 +347,8 @@ def family_of(module: ModuleType) -> Family:
     package = importlib.import_module(module.__name__.rpartition(".")[0])
     name = package.__name__.rpartition(".")[2]
     tolerances = {dtype: Tolerance(*pair) for dtype, pair in module.TOLERANCES.items()}
-    parts = [Part(m, tolerances) for m in (module, *getattr(module, "PARTS", ()))]
+    more = [importlib.import_module(f"{package.__name__}.{part}") for part in getattr(module, "PARTS", ())]
+    parts = [Part(m, tolerances) for m in (module, *more)]
     fields: dict[str, list[Any]] = {}
     for part in parts:
         for field_name, items in Reader(part).read().items():

@@ -108,8 +108,8 @@ def sum_of_ones(check, case):
 
 ORACLES = (("python loop", "tiny", loop_sum),)
 PROPERTIES = (("sum of ones is the row length", "TOY.*", sum_of_ones),)
-ADVERSARIAL = (("huge values", "TOY.*", {"x": lambda x: x * 1e30}),)
-BAD_INPUTS = (("x", "1-D", "TOY.*", lambda c: c.kwargs["x"][0]),)
+ADVERSARIAL = (("huge values", {"x": lambda x: x * 1e30}),)
+BAD_INPUTS = (("x", "1-D", lambda c: c.kwargs["x"][0]),)
 BATCH_ITEMS = (("a row", "TOY.*", {"x": 0, "value": 0}),)
 ''',
 }

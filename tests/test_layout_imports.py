@@ -1,5 +1,6 @@
-"""The shape every family shares: no import cycle in the kernel library, a library that never imports its verifier,
-registration only through the registry, and GPU records scoped to exactly what a family imports."""
+"""The shape every family shares: no import cycle in the kernel library, imports that point down from benchmarks/ to
+sentinel/ to kernels/ (the library, registrations included, never imports its verifier), registration only through
+the registry, and GPU records scoped to exactly what a family imports."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sentinel import registry
+from kernel_sentinel import layout, registry
 from kernel_sentinel.family import REPO_ROOT, imported_files
 
 KERNELS = REPO_ROOT / "kernels"
@@ -73,22 +74,57 @@ def test_kernel_library_has_no_import_cycle():
                                                           "provable_kernels.semicrf.triton_ops"}
 
 
-RUNTIME = sorted(m for m, p in MODULES.items() if not p.name.startswith("family"))  # family*.py: registration
-
-
 def test_library_imports_neither_sentinel_nor_hypothesis():
-    """A fresh interpreter imports every runtime module of the library (everything but the family.py
-    registrations): nothing of kernel_sentinel and no hypothesis may be loaded."""
+    """A fresh interpreter imports every module of the library, the family registrations included: nothing of
+    kernel_sentinel and no hypothesis may be loaded."""
     code = ("import importlib, json, os, sys\n"
             "os.environ.setdefault('TRITON_INTERPRET', '1')\n"
-            f"for name in {RUNTIME!r}:\n"
+            f"for name in {sorted(MODULES)!r}:\n"
             "    importlib.import_module(name)\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('kernel_sentinel', 'hypothesis'))))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
-    assert "provable_kernels.semicrf" in RUNTIME and "provable_kernels.semicrf.oracle" in RUNTIME
+    assert {"provable_kernels.semicrf.family", "provable_kernels.semicrf.family_head"} <= set(MODULES)
+
+
+# Bottom to top: a folder may import only the folders below it (by their import names); the library imports no
+# hypothesis either (its registrations describe property inputs as data, sentinel draws them).
+LAYERS = {**layout.IMPORT_NAMES, "benchmarks": "benchmarks"}  # folder -> import name
+NEVER = {"kernels": ("hypothesis",)}
+
+
+def upward_imports(repo: Path) -> list[str]:
+    """Every import in ``repo``'s ``kernels/``, ``sentinel/`` and ``benchmarks/`` (module top and inside functions)
+    of a folder above the importing one, or of a module its folder must never import, as ``path: name``."""
+    found = []
+    for level, folder in enumerate(LAYERS):
+        banned = {*list(LAYERS.values())[level + 1:], *NEVER.get(folder, ())}
+        for path in sorted((repo / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                found += [f"{path.relative_to(repo)}: {n}" for n in names if n.split(".")[0] in banned]
+    return found
+
+
+def test_imports_point_down_from_benchmarks_to_sentinel_to_kernels():
+    """The import graph of the three folders is a stack, every arrow pointing down: no kernels/ module (a
+    registration included) imports kernel_sentinel, benchmarks or hypothesis, no sentinel/ module imports
+    benchmarks."""
+    assert upward_imports(REPO_ROOT) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    for folder, text in {"kernels/foo/family.py": "def f():\n    from kernel_sentinel import cases\n",
+                         "kernels/foo/oracle.py": "import hypothesis.strategies as st\n",
+                         "sentinel/report.py": "from benchmarks.common import x\n",
+                         "benchmarks/run.py": "import kernel_sentinel, provable_kernels\n"}.items():
+        (tmp_path / folder).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder).write_text(text)
+    assert upward_imports(tmp_path) == ["kernels/foo/family.py: kernel_sentinel", "kernels/foo/oracle.py: "
+                                        "hypothesis.strategies", "sentinel/report.py: benchmarks.common"]
 
 
 def test_sentinel_imports_no_triton_before_the_interpreter_switch():
@@ -108,11 +144,12 @@ def test_sentinel_imports_no_triton_before_the_interpreter_switch():
 
 
 def test_only_the_registry_imports_family_modules():
-    """No file of the library, of sentinel (but the registry) or of the tests imports a ``family.py`` module."""
+    """No file of the library (but the registration's parts, ``family_*.py``), of sentinel (but the registry) or of
+    the tests imports a ``family.py`` module."""
     offenders = []
     for root in ("kernels", "sentinel", "tests", "benchmarks"):
         for path in sorted((REPO_ROOT / root).rglob("*.py")):
-            if path == REPO_ROOT / "sentinel" / "registry.py":
+            if path == REPO_ROOT / "sentinel" / "registry.py" or path.name.startswith("family_"):
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -191,3 +228,26 @@ def test_record_goes_stale_when_the_oracle_changes(tmp_path, monkeypatch):
     single = dataclasses.replace(family, dtypes=(family.dtypes[0],))
     assert gate.record_problem(single, dict(record, routes=record["routes"][:1]), sources).startswith(
         "the GPU record from H9 lacks routes")
+
+
+def test_import_view_puts_the_folders_under_their_import_names(tmp_path):
+    """The view of the tree for import-graph tools: every folder under its import name, every absolute import of
+    ``provable_kernels`` / ``kernel_sentinel`` in it names a file of the view, one commit; a non-empty target is
+    refused."""
+    view = layout.import_view(REPO_ROOT, tmp_path / "view")
+    assert not (view / "kernels").exists() and not (view / "sentinel").exists()
+    assert (view / "provable_kernels" / "semicrf" / "family.py").read_bytes() == \
+        (KERNELS / "semicrf" / "family.py").read_bytes()
+    unresolved = []
+    for path in sorted(view.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                    node.module.split(".")[0] in layout.IMPORT_NAMES.values():
+                base = view.joinpath(*node.module.split("."))
+                if not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()):
+                    unresolved.append(f"{path.relative_to(view)}: {node.module}")
+    assert unresolved == []
+    log = subprocess.run(["git", "log", "--oneline"], cwd=view, capture_output=True, text=True, check=True).stdout
+    assert len(log.splitlines()) == 1
+    with pytest.raises(ValueError, match="^into must be an empty or new directory"):
+        layout.import_view(REPO_ROOT, view)

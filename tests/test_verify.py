@@ -134,7 +134,7 @@ def test_registry_discovers_family_modules(tmp_path, monkeypatch):
     package = tmp_path / "fakekernels"
     (package / "copy").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "copy" / "family.py").write_text("from provable_kernels.semicrf.family import *  # noqa: F401,F403\n")
+    (package / "copy" / "family.py").write_text("from provable_kernels.sinkhorn.family import *  # noqa: F401,F403\n")
     (package / "notafamily").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
     assert [f.name for f in registry.families("fakekernels")] == ["copy"]

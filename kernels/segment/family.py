@@ -332,22 +332,21 @@ SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.trai
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one chunk
 ADVERSARIAL = (
-    ("empty segments at both ends and inside", ALL,
-     {"problem": lambda c: {"lengths": (0, 0) + c.problem.lengths + (0,)}}, _expect_empty),
+    ("empty segments at both ends and inside", {"problem": lambda c: {"lengths": (0, 0) + c.problem.lengths + (0,)}},
+     _expect_empty),
     (f"{MANY} empty segments at the last row of a tile: that row finds its segment past the first "
-     f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries, all equal to it", ALL,
+     f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries, all equal to it",
      _lengths((ONE_BLOCK_MAX - 1,) + (0,) * MANY + (1,)), "reference"),
-    ("every segment empty (N = 0)", NO_ROWS_ROUTES, {"problem": {"lengths": (0, 0, 0)}}, _expect_empty),
-    ("no segments (S = 0, N = 0)", NO_ROWS_ROUTES, {"problem": {"lengths": ()}}, _expect_empty),
-    ("no columns (D = 0)", ALL, {"problem": {"trailing": (0,)}}),
-    ("+inf and -inf rows", ALL, {"x": _infinities}, None, {"allow_inf": ("value",)}),
+    ("every segment empty (N = 0)", {"problem": {"lengths": (0, 0, 0)}}, _expect_empty, {"routes": NO_ROWS_ROUTES}),
+    ("no segments (S = 0, N = 0)", {"problem": {"lengths": ()}}, _expect_empty, {"routes": NO_ROWS_ROUTES}),
+    ("no columns (D = 0)", {"problem": {"trailing": (0,)}}),
+    ("+inf and -inf rows", {"x": _infinities}, None, {"allow_inf": ("value",)}),
     (f"segments of one row less than, exactly, one row more than {ONE_BLOCK_MAX} (short) rows, of one and two "
-     f"chunks, an empty one, one over five chunks, ties (integer data) and D = 3", SEVERAL_BLOCK_ROUTES,
-     {"problem": lambda c: {"lengths": fitted(c.route_id, EDGES, c.device), "trailing": (3,)}}, "reference"),
-    ("ids without num_segments (S read from ids[-1])", ("segment.triton.*.infer.one_block",
-                                                        "segment.triton.*.train.ids"),
-     lambda c: c.without("no num_segments", "num_segments"), "reference"),
-)
+     f"chunks, an empty one, one over five chunks, ties (integer data) and D = 3",
+     {"problem": lambda c: {"lengths": fitted(c.route_id, EDGES, c.device), "trailing": (3,)}}, "reference",
+     {"routes": SEVERAL_BLOCK_ROUTES}),
+    ("ids without num_segments (S read from ids[-1])", lambda c: c.without("no num_segments", "num_segments"),
+     "reference", {"routes": ("segment.triton.*.infer.one_block", "segment.triton.*.train.ids")}))
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -368,34 +367,33 @@ def _decreasing(o: torch.Tensor) -> torch.Tensor:
     return o
 
 
-REDUCE_ONLY, BACKWARD, IDS = REDUCE_ROUTES, "segment.*_backward", lambda c: _in_form(c, "ids")
+BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = dict(tensors=("x",))
 BAD_INPUTS = (
-    ("reduce", "unknown reduction", REDUCE_ONLY, "prod"),
-    ("empty", "a string", REDUCE_ONLY, "zero"),
-    ("empty", "below float32's range", REDUCE_ONLY, 1e-300),
-    ("use_triton", "an int", ALL, 1),
-    ("offsets", "both index forms", ALL, lambda c: _unindexed(c, "both index forms", "offsets", "ids")),
-    ("offsets", "neither index form", ALL, lambda c: _unindexed(c, "no index")),
-    ("offsets", "decreasing", ALL, _index_changed("offsets", _decreasing)),
-    ("offsets", "empty", ALL, _index_changed("offsets", lambda o: o[:0])),
-    ("offsets", "not starting at 0", ALL, _index_changed("offsets", lambda o: o + 1)),
-    ("offsets", "not ending at N", ALL, _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] + 1]))),
-    ("offsets", "float dtype", ALL, _index_changed("offsets", lambda o: o.double())),
-    ("offsets", "on another device", ALL, _index_changed("offsets", lambda o: o.to("meta"))),
-    ("ids", "unsorted", ALL, _index_changed("ids", lambda i: i.flip(0))),
-    ("ids", "out of range", ALL, _index_changed("ids", lambda i: i + 10)),
-    ("ids", "negative", ALL, _index_changed("ids", lambda i: i - 1)),
-    ("ids", "int16", ALL, _index_changed("ids", lambda i: i.to(torch.int16))),
-    ("ids", "on another device", ALL, _index_changed("ids", lambda i: i.to("meta"))),
-    ("num_segments", "a float", REDUCE_ONLY, lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5)),
-    ("num_segments", "a bool", REDUCE_ONLY, lambda c: IDS(c).with_kwargs(c.description, num_segments=True)),
-    ("num_segments", "negative", REDUCE_ONLY, lambda c: IDS(c).with_kwargs(c.description, num_segments=-1)),
-    ("num_segments", "not offsets.numel() - 1", REDUCE_ONLY,
-     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99)),
-    ("grad_output", "wrong shape", BACKWARD, lambda c: c.kwargs["grad_output"][..., :1]),
-    ("grad_output", "wrong dtype", BACKWARD, lambda c: c.kwargs["grad_output"].long()),
-)
+    ("reduce", "unknown reduction", "prod", REDUCE_ROUTES),
+    ("empty", "a string", "zero", REDUCE_ROUTES),
+    ("empty", "below float32's range", 1e-300, REDUCE_ROUTES),
+    ("use_triton", "an int", 1),
+    ("offsets", "both index forms", lambda c: _unindexed(c, "both index forms", "offsets", "ids")),
+    ("offsets", "neither index form", lambda c: _unindexed(c, "no index")),
+    ("offsets", "decreasing", _index_changed("offsets", _decreasing)),
+    ("offsets", "empty", _index_changed("offsets", lambda o: o[:0])),
+    ("offsets", "not starting at 0", _index_changed("offsets", lambda o: o + 1)),
+    ("offsets", "not ending at N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] + 1]))),
+    ("offsets", "float dtype", _index_changed("offsets", lambda o: o.double())),
+    ("offsets", "on another device", _index_changed("offsets", lambda o: o.to("meta"))),
+    ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0))),
+    ("ids", "out of range", _index_changed("ids", lambda i: i + 10)),
+    ("ids", "negative", _index_changed("ids", lambda i: i - 1)),
+    ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
+    ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
+    ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),
+    ("num_segments", "a bool", lambda c: IDS(c).with_kwargs(c.description, num_segments=True), REDUCE_ROUTES),
+    ("num_segments", "negative", lambda c: IDS(c).with_kwargs(c.description, num_segments=-1), REDUCE_ROUTES),
+    ("num_segments", "not offsets.numel() - 1",
+     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99), REDUCE_ROUTES),
+    ("grad_output", "wrong shape", lambda c: c.kwargs["grad_output"][..., :1], BACKWARD),
+    ("grad_output", "wrong dtype", lambda c: c.kwargs["grad_output"].long(), BACKWARD))
 
 
 # ------------------------------------------------------------------------------------------- documentation

@@ -1,35 +1,30 @@
-"""Registration of the semi-CRF family for verification (data and plain functions; sentinel reads it, see
-``kernel_sentinel.registration``): the streaming routes (``TREE``) and what is family-wide; ``family_head`` and
-``family_exact`` register the head's and the exact backend's trees.
-
-Streaming outputs: partition routes give ``value`` (B,) and, for ``train`` routes, ``grad_<input>`` of each tensor
-present (weights ``Case.upstream["value"]`` (B,)); Viterbi routes give ``score`` (B,), ``labels`` (B, T) (-1 past
-each length) and ``starts`` (B, T). References: :mod:`provable_kernels.semicrf.oracle`.
+"""Registration of the semi-CRF family for verification (data and plain functions read by
+``kernel_sentinel.registration``): the streaming routes (``TREE``) and what is family-wide; the parts
+``family_head`` and ``family_exact`` register the head's and the exact backend's trees. Streaming outputs:
+``value`` (B,) and, on ``train`` routes, ``grad_<input>`` (weights ``upstream["value"]``); Viterbi: ``score`` (B,),
+``labels`` (B, T) (-1 past each length), ``starts`` (B, T). References: :mod:`provable_kernels.semicrf.oracle`.
 """
-from __future__ import annotations
-
 import math
 from typing import Any
 
 import torch
 
 from provable_kernels import semiring as semirings
-from provable_kernels.semicrf import autograd, family_exact, family_head, oracle, torch_ops
+from provable_kernels.semicrf import autograd, oracle, torch_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
 from provable_kernels.triton_math import lse_shift
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-9, 1e-9)}
-PARTS = (family_head, family_exact)
-TENSORS = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
-STREAMING = ("semicrf.triton.*", "semicrf.torch.*")
+PARTS = ("family_head", "family_exact")
+TENSORS, PATH = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end"), ("score", "labels", "starts")
+ROUTES, TRAIN = ("semicrf.triton.*", "semicrf.torch.*"), "semicrf.*.train"
 ENTRY_POINTS = {f.__name__: f for f in (semi_crf_streaming_forward, semi_crf_viterbi)}
-VITERBI, PATH = semi_crf_viterbi.__name__, ("score", "labels", "starts")
-# A problem: sizes, lengths, 3-D transition (None: on the training routes only), projections, ``unit_weights``
-# (upstream all 1). The small case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the
-# outside recursion starts at each sequence's own length; a per-sequence offset error shows only in b >= 1), a 3-D
-# transition on the training routes and both projections; --quick (all tiny) sees 3-D ones in the properties.
+VITERBI = semi_crf_viterbi.__name__
+# A problem: sizes, lengths, 3-D transition (None: on the training routes), projections, ``unit_weights``. The small
+# case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the outside recursion starts at each
+# sequence's own length; an offset error shows only in b >= 1), 3-D transitions on the training routes, projections.
 SIZES = {"small": dict(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=None, proj_start=True, proj_end=True),
          "tiny": dict(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True)}
 
@@ -38,33 +33,39 @@ def fit(route_id: str, p: Any, device: torch.device) -> dict:
     return dict(p, transition_3d=TREE.path_to(route_id).get("grad") == "train") if p.transition_3d is None else p
 
 
-def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
-    """Per-position scores ~ N(0, 1) summed into ``cum_scores`` (zero first row), the rest ~ N(0, 0.5); entry
-    point, ``use_triton``, semiring and gradients follow the route's path; sequence b's value weighs
-    ``weights[b]``."""
-    path = TREE.path_to(route_id)
+def inputs(p: Any, gen: torch.Generator) -> dict:
+    """The model of problem ``p``, float64: scores ~ N(0, scale^2) summed into ``cum_scores`` (zero first row), the
+    rest ~ N(0, 0.25); a projection or a 3-D transition where ``p`` asks."""
     normal = lambda *size: 0.5 * torch.randn(*size, generator=gen, dtype=torch.float64)  # noqa: E731
-    scores = torch.randn(p.B, p.T, p.C, generator=gen, dtype=torch.float64)
-    kwargs = dict(cum_scores=torch.cat([scores.new_zeros(p.B, 1, p.C), scores.cumsum(1)], 1),
-                  transition=normal(*((p.K,) if p.transition_3d else ()), p.C, p.C), duration_bias=normal(p.K, p.C),
-                  proj_start=normal(p.B, p.T, p.C) if p.proj_start else None,
-                  proj_end=normal(p.B, p.T, p.C) if p.proj_end else None, lengths=torch.tensor(p.lengths), K=p.K,
-                  use_triton=path["backend"] == "triton", **({"semiring": path["semiring"]} if "semiring" in path else {}))
+    scores = p.get("scale", 1.0) * torch.randn(p.B, p.T, p.C, generator=gen, dtype=torch.float64)
+    return dict(cum_scores=torch.cat([scores.new_zeros(p.B, 1, p.C), scores.cumsum(1)], 1),
+                transition=normal(*((p.K,) if p.transition_3d else ()), p.C, p.C), duration_bias=normal(p.K, p.C),
+                proj_start=normal(p.B, p.T, p.C) if p.proj_start else None,
+                proj_end=normal(p.B, p.T, p.C) if p.proj_end else None, lengths=torch.tensor(p.lengths), K=p.K)
+
+
+def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
+    """Entry point, ``use_triton``, semiring and gradients follow the route's path."""
+    path = TREE.path_to(route_id)
+    kwargs = dict(inputs(p, gen), use_triton=path["backend"] == "triton", **{n: path[n] for n in ("semiring",)
+                                                                              if n in path})
     weights = torch.ones(p.B, dtype=torch.float64) if p.get("unit_weights") else torch.randn(
         p.B, generator=gen.manual_seed(p.seed + 1), dtype=torch.float64)
     entry = VITERBI if path["op"] == "viterbi" else semi_crf_streaming_forward.__name__
     return entry, kwargs, {"value": weights} if path.get("grad") == "train" else {}
 
 
-def outputs(result: Any, case: Any) -> dict:
-    if case.entry != VITERBI:
-        return {"value": result}
-    labels, starts = result.padded(case.kwargs["cum_scores"].shape[1] - 1)
+def decoded(result: Any, T: int) -> dict:
+    """The named outputs of a ``ViterbiResult`` of sequences padded to T."""
+    labels, starts = result.padded(T)
     return {"score": result.scores, "labels": labels, "starts": starts.long()}
 
 
+def outputs(result: Any, case: Any) -> dict:
+    return decoded(result, case.kwargs["cum_scores"].shape[1] - 1) if case.entry == VITERBI else {"value": result}
+
+
 def _model(kw: dict) -> dict:
-    """The model's arguments (the five tensors, lengths, K), as the oracle functions take them."""
     return {n: kw[n] for n in TENSORS + ("lengths", "K")}
 
 
@@ -76,42 +77,30 @@ def reference(kw: dict, case: Any) -> dict:
 
 
 def exact_backend(kw: dict, case: Any) -> dict:
-    """``SemiMarkov(Log or Max).logpartition`` on ``edges_from_streaming``; the Viterbi path from the Max marginals
-    (a tie fails loudly)."""
+    """``SemiMarkov(Log or Max)`` on ``edges_from_streaming``; the Viterbi path from the Max marginals (a tie fails
+    loudly)."""
     edge, lengths = edges_from_streaming(**{n: x for n, x in _model(kw).items() if n != "lengths"}), kw["lengths"]
-    if case.entry == VITERBI:
-        best = SemiMarkov(semirings.Max())
-        segments = oracle.segments_from_edge_indicator(best.marginals(edge, lengths))
-        return dict(zip(PATH, (best.logpartition(edge, lengths), *oracle.path_tensors(segments, edge.shape[1]))))
-    return {"value": SemiMarkov(semirings.Log() if kw["semiring"] == "log" else semirings.Max()).logpartition(
-        edge, lengths)}
+    best = SemiMarkov(semirings.Log() if kw.get("semiring") == "log" else semirings.Max())
+    if case.entry != VITERBI:
+        return {"value": best.logpartition(edge, lengths)}
+    segments = oracle.segments_from_edge_indicator(best.marginals(edge, lengths))
+    return dict(zip(PATH, (best.logpartition(edge, lengths), *oracle.path_tensors(segments, edge.shape[1]))))
 
 
 def brute_force(kw: dict, case: Any) -> dict:
-    """Enumerate every segmentation (``oracle.all_scores``), score each from the convention, and take logsumexp /
-    max; gradients as expectations of each segmentation's feature counts (``oracle.feature_gradients``)."""
-    scored = oracle.all_scores(**_model(kw))
-    if case.entry == VITERBI:
-        return dict(zip(PATH, oracle.brute_force_viterbi(scored, kw["cum_scores"].shape[1] - 1)))
-    value = {"value": oracle.brute_force_value(scored, kw["semiring"])}
-    if not case.upstream:
-        return value
-    present = {n: kw[n].detach() for n in TENSORS if kw[n] is not None}
-    return value | oracle.feature_gradients(scored, present, case.upstream["value"].tolist(), kw["semiring"])
+    """Every segmentation enumerated and scored from the convention (``oracle.streaming_brute_force``)."""
+    return oracle.streaming_brute_force(**_model(kw), semiring=kw.get("semiring"), weights=case.upstream.get("value"))
 
 
 ORACLES = (("exact backend", "small", exact_backend), ("brute force", "tiny", brute_force))
-BATCH_ITEMS = (("a sequence", STREAMING, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value",
-                                                         "grad_cum_scores", "grad_proj_start", "grad_proj_end",
-                                                         *PATH), 0), ("grad_transition", "grad_duration_bias")),)
-
-
-# ---------------------------------------------------------------------------------------------- properties
+BATCH_ITEMS = (("a sequence", ROUTES, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value", *PATH,
+                                                     "grad_cum_scores", "grad_proj_start", "grad_proj_end"), 0),
+                ("grad_transition", "grad_duration_bias")),)
 
 
 def example(pick: Any, K: int = 0, projections: Any = None) -> dict:
-    """Random small shapes: B <= 3, T <= 8, K <= 5 (K > T included), C <= 3, any lengths, 2-D or 3-D
-    transitions, projections on or off; ``K``/``projections`` fix those."""
+    """B <= 3, T <= 8, K <= 5 (K > T included), C <= 3, any lengths, 2-D or 3-D transitions, projections on or off
+    (``K`` / ``projections`` fix those)."""
     B, T, C = pick(range(1, 4)), pick(range(1, 9)), pick(range(1, 4))
     K, lengths = K or pick(range(1, 6)), tuple(pick(range(1, T + 1)) for _ in range(B))
     proj = [projections] * 2 if projections is not None else [pick((False, True)), pick((False, True))]
@@ -120,19 +109,19 @@ def example(pick: Any, K: int = 0, projections: Any = None) -> dict:
 
 
 def viterbi_score(kw: dict, case: Any) -> dict:
-    """The best score by the family's own Viterbi entry point (on the case's device), as ``value``."""
-    return {"value": semi_crf_viterbi(**{n: x.detach() if torch.is_tensor(x) else x for n, x in case.kwargs.items()
-                                         if n != "semiring"}).scores}
+    """The best score by the family's Viterbi entry point, as ``value``."""
+    kwargs = {n: x.detach() if torch.is_tensor(x) else x for n, x in case.kwargs.items() if n != "semiring"}
+    return {"value": semi_crf_viterbi(**kwargs).scores}
 
 
 def linear_chain(kw: dict, case: Any) -> dict:
-    value = oracle.linear_chain(**_model(kw), semiring=kw.get("semiring", "max"))
-    return {"score" if case.entry == VITERBI else "value": value}
+    return {"score" if case.entry == VITERBI else "value": oracle.linear_chain(**_model(kw),
+                                                                               semiring=kw.get("semiring", "max"))}
 
 
 def logz_above_best(check: Any, case: Any) -> None:
-    value, best = check.forward(case)["value"].detach().cpu(), viterbi_score({}, case)["value"].cpu()
-    check.expect(bool((value >= best - check.tolerance.atol - check.tolerance.rtol * best.abs()).all()),
+    value, best, tol = check.forward(case)["value"].cpu(), viterbi_score({}, case)["value"].cpu(), check.tolerance
+    check.expect(bool((value >= best - tol.atol - tol.rtol * best.abs()).all()),
                  f"logZ {value.tolist()} below the Viterbi score {best.tolist()}")
 
 
@@ -144,8 +133,8 @@ def cum_gradient_sums_to_zero(check: Any, case: Any) -> None:
 def marginals(check: Any, case: Any) -> None:
     """With unit weights, d logZ / d proj_start and d proj_end are start / end marginals: in [0, 1], and every
     position t < L lies in exactly one segment in expectation: sum_{s<=t} starts(s) - sum_{e<t} ends(e) = 1."""
-    out = check.run(case)
-    starts, ends, atol = out["grad_proj_start"], out["grad_proj_end"], check.tolerance.atol
+    out, atol = check.run(case), check.tolerance.atol
+    starts, ends = out["grad_proj_start"], out["grad_proj_end"]
     for name, m in (("start", starts), ("end", ends)):
         check.expect(bool(((m >= -atol) & (m <= 1 + atol)).all()),
                      f"{name} marginals outside [0, 1]: min {float(m.min())}, max {float(m.max())}")
@@ -156,8 +145,8 @@ def marginals(check: Any, case: Any) -> None:
 
 
 def viterbi_path(check: Any, case: Any) -> None:
-    """The decoded segments tile [0, L) with durations 1..K, their score computed by the brute-force oracle's
-    scorer equals the Viterbi score, and that equals the exact backend's best score."""
+    """The decoded segments tile [0, L) with durations 1..K, and the oracle's score of them, the Viterbi score and
+    the exact backend's best score agree."""
     got = check.forward(case)
     path = lambda kw, c: {"score": oracle.path_scores(got["labels"].cpu(), got["starts"].cpu(), **_model(kw))}  # noqa
     check.close("Viterbi score vs score of its segments", got["score"], check.computed(path, case)["score"])
@@ -165,26 +154,22 @@ def viterbi_path(check: Any, case: Any) -> None:
 
 
 def pinned(name: str, direction: torch.Tensor) -> torch.Tensor:
-    """A finite-difference direction that keeps the convention ``cum_scores[:, 0] = 0``."""
+    """A finite-difference direction keeping the convention ``cum_scores[:, 0] = 0``."""
     return torch.cat([direction[:, :1] * 0, direction[:, 1:]], 1) if name == "cum_scores" else direction
+
 
 AGREEMENTS = (
     ("max route == Viterbi score", "semicrf.*.max.*", viterbi_score),
-    ("K = 1 equals a linear-chain CRF", STREAMING, linear_chain, (), lambda pick: example(pick, K=1)),
+    ("K = 1 equals a linear-chain CRF", ROUTES, linear_chain, (), lambda pick: example(pick, K=1)),
     ("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"),
-     lambda kw, case: {"value": exact_backend(kw, case)["value"]}),
-)
+     lambda kw, case: {"value": exact_backend(kw, case)["value"]}))
 PROPERTIES = (
     ("logZ >= Viterbi score", "semicrf.*.log.*", logz_above_best),
-    ("gradient wrt cum_scores sums to 0 over t per label", "semicrf.*.train", cum_gradient_sums_to_zero),
+    ("gradient wrt cum_scores sums to 0 over t per label", TRAIN, cum_gradient_sums_to_zero),
     ("start/end marginals in [0, 1], each position covered once", "semicrf.*.log.train", marginals, (),
      lambda pick: {**example(pick, projections=True), "unit_weights": True}),
-    ("Viterbi path is a valid segmentation scoring the Viterbi score", "semicrf.*.viterbi", viterbi_path),
-)
-FINITE_DIFFERENCES = "semicrf.*.train"
-
-
-# ------------------------------------------------------------------------------------------- guards, bad input
+    ("Viterbi path is a valid segmentation scoring the Viterbi score", "semicrf.*.viterbi", viterbi_path))
+FINITE_DIFFERENCES = TRAIN
 
 
 def neg_inf_iff_longer_than_K(check: Any, case: Any, outputs: dict) -> None:
@@ -196,64 +181,55 @@ def neg_inf_iff_longer_than_K(check: Any, case: Any, outputs: dict) -> None:
 
 
 def _large(scale: float, offset: float) -> dict:
-    """Scores, transitions and duration biases times ``scale``; then ``offset`` added per position to every label
-    and to every transition, subtracted from every duration bias: every segmentation's score moves by the same
-    amount, so the marginals (gradients) stay far from 0/1."""
+    """Scores, transitions and duration biases times ``scale``, then ``offset`` added per position to every label and
+    to every transition, subtracted from every duration bias: each segmentation's score moves by the same amount,
+    so the marginals (gradients) stay far from 0/1."""
     return {"cum_scores": lambda x: x * scale + offset * torch.arange(x.shape[1], dtype=x.dtype)[None, :, None],
             "transition": lambda x: x * scale + offset, "duration_bias": lambda x: x * scale - offset}
 
 
 NO_PATH, NEG_INF = {"allow_inf": ("value", "score")}, lambda x: x.fill_(-math.inf)
-# The Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
+# Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
 # (triton_ops.config; CP = C padded to a power of two): many labels give several chunks per step, merged online.
 # Huge scores: logZ within 1e-6 relative, gradients 1e-4 ("agrees"), as for O(1) scores.
 ADVERSARIAL = (
-    ("all transitions -inf, 3-D transition", STREAMING, {"problem": {"transition_3d": True}, "transition": NEG_INF},
+    ("all transitions -inf, 3-D transition", {"problem": {"transition_3d": True}, "transition": NEG_INF},
      neg_inf_iff_longer_than_K, NO_PATH),
-    ("all transitions -inf, 2-D transition", STREAMING, {"problem": {"transition_3d": False}, "transition": NEG_INF},
+    ("all transitions -inf, 2-D transition", {"problem": {"transition_3d": False}, "transition": NEG_INF},
      neg_inf_iff_longer_than_K, NO_PATH),
-    ("self transitions -inf", STREAMING,
-     {"transition": lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool), -math.inf)}),
-    ("durations > 1 forbidden (-inf bias)", STREAMING,
-     {"duration_bias": lambda x: torch.cat([x[:1], torch.full_like(x[1:], -math.inf)])}),
-    ("scores, transitions, duration biases * 1e4", STREAMING, _large(1e4, 0), "agrees"),
-    ("offsets of 1e4 keeping the distribution", STREAMING, _large(1, 1e4), "agrees"),
-    ("length 1", STREAMING, {"problem": lambda c: {"lengths": (1,) + c.problem.lengths[1:]}}),
-    ("all lengths 1", STREAMING, {"problem": lambda c: {"lengths": (1,) * c.problem.B}}),
-    ("T = 1", STREAMING, {"problem": lambda c: {"T": 1, "lengths": (1,) * c.problem.B}}),
-    ("K > T", STREAMING, {"problem": lambda c: {"K": c.problem.T + 2}}),
-    ("C = 33, 3-D transitions: one duration per chunk", STREAMING, {"problem": {"C": 33, "transition_3d": True}},
-     "reference"),
-    ("C = 40, K = T = 65, 2-D transitions: two duration chunks", STREAMING,
+    ("self transitions -inf", {"transition": lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool),
+                                                                     -math.inf)}),
+    ("durations > 1 forbidden (-inf bias)", {"duration_bias": lambda x: torch.cat([x[:1], NEG_INF(x[1:])])}),
+    ("scores, transitions, duration biases * 1e4", _large(1e4, 0), "agrees"),
+    ("offsets of 1e4 keeping the distribution", _large(1, 1e4), "agrees"),
+    ("length 1", {"problem": lambda c: {"lengths": (1,) + c.problem.lengths[1:]}}),
+    ("all lengths 1", {"problem": lambda c: {"lengths": (1,) * c.problem.B}}),
+    ("T = 1", {"problem": lambda c: {"T": 1, "lengths": (1,) * c.problem.B}}),
+    ("K > T", {"problem": lambda c: {"K": c.problem.T + 2}}),
+    ("C = 33, 3-D transitions: one duration per chunk", {"problem": {"C": 33, "transition_3d": True}}, "reference"),
+    ("C = 40, K = T = 65, 2-D transitions: two duration chunks",
      {"problem": {"T": 65, "K": 65, "C": 40, "lengths": (65, 30)}}, "reference"),
-    ("NaN input", STREAMING, {"cum_scores": lambda x: x.index_fill(1, torch.tensor([1]), math.nan)}, None,
-     {"errors_ok": True}),
-)
+    ("NaN input", {"cum_scores": lambda x: x.index_fill(1, torch.tensor([1]), math.nan)}, None, {"errors_ok": True}))
 
 STANDARD_BAD_INPUTS = dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
                            rejects_nan=TENSORS, rejects_inf=TENSORS)
-ARG = lambda c, name: c.kwargs[name].detach()  # noqa: E731
+arg = lambda c, name: c.kwargs[name].detach()  # noqa: E731
 BAD_INPUTS = (
-    ("cum_scores", "T = 0", STREAMING, lambda c: ARG(c, "cum_scores")[:, :1]),
-    ("cum_scores", "C = 0", STREAMING, lambda c: ARG(c, "cum_scores")[..., :0]),
-    ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", STREAMING,
-     lambda c: ARG(c, "cum_scores") + 1.0),
-    ("transition", "shape (C+1, C)", STREAMING, lambda c: ARG(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)),
-    ("transition", "twice as many rows", STREAMING, lambda c: torch.cat([ARG(c, "transition")] * 2)),
-    ("duration_bias", "shape (K+1, C)", STREAMING, lambda c: torch.cat([ARG(c, "duration_bias")] * 2)),
-    ("lengths", "0", STREAMING, lambda c: torch.zeros_like(ARG(c, "lengths"))),
-    ("lengths", "T + 1", STREAMING, lambda c: torch.full_like(ARG(c, "lengths"), c.problem.T + 1)),
-    ("lengths", "shape (B+1,)", STREAMING, lambda c: torch.cat([ARG(c, "lengths"), ARG(c, "lengths")[:1]])),
-    ("K", "0", STREAMING, 0),
-    ("K", "a float", STREAMING, lambda c: float(c.kwargs["K"])),
-    ("semiring", "'sum'", ("semicrf.*.log.*", "semicrf.*.max.*"), "sum"),
-    ("proj_start", "shape (B, T+1, C)", STREAMING, lambda c: torch.cat([ARG(c, "proj_start")] * 2, 1)[:, :-c.problem.T + 1]),
-    ("proj_end", "shape (B, T, C+1)", STREAMING, lambda c: torch.cat([ARG(c, "proj_end")] * 2, 2)[..., :c.problem.C + 1]),
-    ("use_triton", "a string", STREAMING, "yes"),
-)
-
-
-# ------------------------------------------------------------------------------------------- documentation
+    ("cum_scores", "T = 0", lambda c: arg(c, "cum_scores")[:, :1]),
+    ("cum_scores", "C = 0", lambda c: arg(c, "cum_scores")[..., :0]),
+    ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", lambda c: arg(c, "cum_scores") + 1),
+    ("transition", "shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)),
+    ("transition", "twice as many rows", lambda c: torch.cat([arg(c, "transition")] * 2)),
+    ("duration_bias", "shape (K+1, C)", lambda c: torch.cat([arg(c, "duration_bias")] * 2)),
+    ("lengths", "0", lambda c: torch.zeros_like(arg(c, "lengths"))),
+    ("lengths", "T + 1", lambda c: torch.full_like(arg(c, "lengths"), c.problem.T + 1)),
+    ("lengths", "shape (B+1,)", lambda c: torch.cat([arg(c, "lengths"), arg(c, "lengths")[:1]])),
+    ("K", "0", 0),
+    ("K", "a float", lambda c: float(c.kwargs["K"])),
+    ("semiring", "'sum'", "sum", ("semicrf.*.log.*", "semicrf.*.max.*")),
+    ("proj_start", "shape (B, T+1, C)", lambda c: torch.cat([arg(c, "proj_start"), arg(c, "proj_start")[:, :1]], 1)),
+    ("proj_end", "shape (B, T, C+1)", lambda c: torch.cat([arg(c, "proj_end"), arg(c, "proj_end")[..., :1]], 2)),
+    ("use_triton", "a string", "yes"))
 
 REF, EXACT, HEAD, TRITON = (f"tests/test_semicrf_{name}.py" for name in ("reference", "exact", "head", "triton"))
 INVARIANTS = (
@@ -283,28 +259,23 @@ INVARIANTS = (
      f"{TRITON}::test_log_gradients_against_brute_force"),
     ("Triton gradients are bitwise identical on repeated runs (no atomics on outputs).",
      f"{TRITON}::test_gradients_are_bitwise_deterministic"),
-    ("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"),
-)
+    ("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"))
 
-TRAIN = "semicrf.*.train"
+GUIDE, TRACE = "guide/semicrf", "semicrf/partition-triton.md"
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
-    "NaN in the loss": ("semicrf/partition-triton.md#numerical-guards",
-                        "guide/semicrf-training.md#value-checks-and-host-syncs",
+    "NaN in the loss": (f"{TRACE}#numerical-guards", f"{GUIDE}-training.md#value-checks-and-host-syncs",
                         "guards check (-inf transitions, huge scores, length 1); written check (poisoned allocations); "
                         "NaN inputs rejected by validation"),
-    "NaN in the backward": ("semicrf/partition-triton.md#numerical-guards",
-                            "guide/semicrf-training.md#accuracy-and-score-magnitude",
+    "NaN in the backward": (f"{TRACE}#numerical-guards", f"{GUIDE}-training.md#accuracy-and-score-magnitude",
                             "guards check on the training routes; the -inf-safe logsumexp shift (Numerical guards)",
                             TRAIN),
-    "wrong gradients": ("semicrf/partition-triton.md#routes", "guide/semicrf-conventions.md#loss-and-decoding",
-                        "reference and exact checks (every gradient vs the float64 oracle); finite-difference property",
-                        TRAIN),
-    "out of memory": ("semicrf/index.md#known-issues", "guide/semicrf-conventions.md#exact-backend-edges",
+    "wrong gradients": (f"{TRACE}#routes", f"{GUIDE}-conventions.md#loss-and-decoding", "reference and exact checks "
+                        "(every gradient vs the float64 oracle); finite-difference property", TRAIN),
+    "out of memory": ("semicrf/index.md#known-issues", f"{GUIDE}-conventions.md#exact-backend-edges",
                       "the streaming routes' O(T*C) per sequence (the Triton training route's saved gradients, the "
                       "PyTorch route's float64 inputs); the exact backend is for small problems"),
-    "backend mismatch": ("semicrf/partition-triton.md#verification", "semicrf/partition-torch.md#routes",
-                         "reference and exact checks: both backends against the same float64 oracle", STREAMING),
-}
+    "backend mismatch": (f"{TRACE}#verification", "semicrf/partition-torch.md#routes",
+                         "reference and exact checks: both backends against the same float64 oracle", ROUTES)}
 
 GUARDS = (
     ("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside 1..T, "
@@ -316,8 +287,7 @@ GUARDS = (
     ("A sequence with no segmentation of finite score (e.g. every transition -inf and L > K) gets logZ = -inf and "
      "zero gradients in the PyTorch backward.", torch_ops.backward),
     ("The max route's gradient is the indicator of the decoded path, zero where the best score is -inf.",
-     autograd.max_partition),
-)
+     autograd.max_partition))
 
 KNOWN_ISSUES = (
     ("A sequence with no segmentation of finite score gets -inf (partition and Viterbi score); its decoded Viterbi "
@@ -328,5 +298,4 @@ KNOWN_ISSUES = (
      "medium", "every exact-backend call; memory grows as B*T*K*C^2",
      "use the streaming routes (the head chooses them above its memory threshold)"),
     "The exact backend's cross-entropy and KL semirings in float32 lose accuracy at scores of 1e4 (about 3e-4 "
-    "relative against the float64 enumeration): their verification stops at scores of 1e3; use float64 there.",
-)
+    "relative against the float64 enumeration): their verification stops at scores of 1e3; use float64 there.")

@@ -257,6 +257,21 @@ def _add_features(grads: dict[str, torch.Tensor], b: int, segmentation: Segmenta
         prev = c
 
 
+def streaming_brute_force(cum_scores, transition, duration_bias, lengths, K: int, proj_start=None, proj_end=None,
+                          semiring: Optional[str] = None, weights=None) -> dict[str, torch.Tensor]:
+    """The streaming entry points' outputs by enumeration (:func:`all_scores`), float64: for ``semiring`` "log" or
+    "max" the ``value`` and, given ``weights`` (B,), ``grad_<tensor>`` of sum_b weights[b] * value_b
+    (:func:`feature_gradients`); for None (Viterbi) the ``score``, ``labels`` and ``starts`` of the best path."""
+    scored = all_scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
+    if semiring is None:
+        return dict(zip(("score", "labels", "starts"), brute_force_viterbi(scored, cum_scores.shape[1] - 1)))
+    value = {"value": brute_force_value(scored, semiring)}
+    named = {"cum_scores": cum_scores, "transition": transition, "duration_bias": duration_bias,
+             "proj_start": proj_start, "proj_end": proj_end}
+    present = {n: x.detach() for n, x in named.items() if x is not None}
+    return value if weights is None else value | feature_gradients(scored, present, weights.tolist(), semiring)
+
+
 def path_tensors(segments: Sequence[Sequence[tuple[int, int, int]]], T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``labels`` (B, T) int64 (-1 past the end) and ``starts`` (B, T) bool of ``(start, duration, label)``
     segments per sequence."""
