@@ -155,7 +155,7 @@ class Case:
 
         missing = [n for n in functions if n not in self.kwargs]
         if missing:
-            raise KeyError(f"case of {self.route_id} has no argument {', '.join(missing)}")
+            raise ValueError(f"functions name arguments the case of {self.route_id} lacks: {', '.join(missing)}")
         changed = {n: change(self.kwargs[n], fn) for n, fn in functions.items()}
         return self.with_kwargs(f"{self.description}; {what}", **changed)
 

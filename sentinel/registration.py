@@ -67,7 +67,11 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   (:func:`kernel_sentinel.cases.batch_along`), or ``(what, routes, (split, join, outputs)[, summed])``
   (:class:`~kernel_sentinel.family.BatchItems`).
 
-Route globs are fnmatch patterns, a tuple of them or one string.
+Route globs are fnmatch patterns, a tuple of them or one string. The functions receive sentinel's objects and use
+them without importing sentinel: a :class:`~kernel_sentinel.family.Case` (``route_id``, ``entry``, ``kwargs``,
+``upstream``, ``problem``, ``dtype``, ``device``; ``with_kwargs``, ``without``, ``transformed`` make changed copies)
+and a :class:`Checker` (``run``, ``forward``, ``reference``, ``computed``, ``case``, ``close``, ``expect``,
+``matches_reference``, ``tolerance``).
 """
 from __future__ import annotations
 
@@ -339,11 +343,14 @@ def _failure_modes(name: str, declared: Mapping[str, Sequence[Any]]) -> list[Fai
 
 
 def family_of(module: ModuleType) -> Family:
-    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``)."""
-    for required in ("TREE", "ENTRY_POINTS", "TOLERANCES", "SIZES", "case", "reference"):
-        if not hasattr(module, required):
-            raise TypeError(f"{module.__name__} declares no {required}: not a family registration "
-                            f"(see kernel_sentinel.registration)")
+    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``);
+    ``TypeError`` when it is not one."""
+    if not isinstance(module, ModuleType):
+        raise TypeError(f"module must be a module, got {type(module).__name__}")
+    missing = [n for n in ("TREE", "ENTRY_POINTS", "TOLERANCES", "SIZES", "case", "reference") if not hasattr(module, n)]
+    if missing:
+        raise TypeError(f"module {module.__name__} declares no {', '.join(missing)}: not a family registration "
+                        f"(see kernel_sentinel.registration)")
     package = importlib.import_module(module.__name__.rpartition(".")[0])
     name = package.__name__.rpartition(".")[2]
     tolerances = {dtype: Tolerance(*pair) for dtype, pair in module.TOLERANCES.items()}
@@ -355,7 +362,10 @@ def family_of(module: ModuleType) -> Family:
             fields.setdefault(field_name, []).extend(items)
 
     def part_of(route_id: str) -> Part:
-        return next(p for p in parts if route_id in p.routes)
+        found = [p for p in parts if route_id in p.routes]
+        if not found:
+            raise ValueError(f"route_id {route_id!r} is no route of family {name!r}")
+        return found[0]
 
     def make_case(route_id: str, *, size: str, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
         part = part_of(route_id)

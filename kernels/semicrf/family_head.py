@@ -158,7 +158,7 @@ def normalised(check: Any, case: Any) -> None:
     batch = one.with_kwargs(f"{one.description}; all {G} golds", hidden=kw["hidden"].detach().expand(G, -1, -1),
                             lengths=kw["lengths"].expand(G), labels=labels.clamp(min=0).to(case.device),
                             starts=starts.to(case.device))
-    nll = check.forward(batch)["value"].double()
+    nll = check.forward(batch)["value"].detach().double()
     check.expect(bool((nll >= -check.tolerance.atol).all()), f"negative NLL: min {float(nll.min())} over {G} golds")
     check.close("logsumexp(-NLL) over every gold", torch.logsumexp(-nll, 0), torch.zeros((), dtype=torch.float64))
 

@@ -50,6 +50,7 @@ SIZES = {"small": dict(lead=(3, 4), n=5, iters=3), "tiny": dict(lead=(2,), n=3, 
 
 
 def fit(route_id: str, p: Any, device: torch.device) -> dict:
+    """The large route's problems: one matrix of n = LARGE."""
     return dict(p, lead=(1,), n=LARGE) if route_id == "sinkhorn.torch.large" else p
 
 

@@ -1,0 +1,158 @@
+"""Sentinel reads a registration (``kernel_sentinel.registration``): a toy registration, written as a package's
+``family.py`` the way the families write theirs, becomes a family whose cases, references and checks behave as
+declared; a planted bug in one of its routes fails verify."""
+from __future__ import annotations
+
+import importlib
+import math
+import textwrap
+
+import pytest
+import torch
+
+from kernel_sentinel import registration
+from kernel_sentinel.family import Case, Problem
+from kernel_sentinel.verify import Options, verify_route
+
+CPU = torch.device("cpu")
+REGISTRATION = '''
+import math
+
+import torch
+
+from conftest import TOY_TREE as TREE, toy_sum
+
+ENTRY_POINTS = {"toy_sum": toy_sum}
+TOLERANCES = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5)}
+SIZES = {"small": dict(n=8), "tiny": dict(n=3)}
+
+
+def case(route_id, p, gen, device):
+    fast = TREE.path_to(route_id)["speed"] == "fast"
+    x = torch.randn(3, p.n, generator=gen, dtype=torch.float64)
+    return "toy_sum", {"x": x, "fast": fast}, {"value": torch.randn(3, generator=gen, dtype=torch.float64)}
+
+
+def reference(kw, case):
+    return {"value": kw["x"].sum(-1)}
+
+
+def example(pick):
+    return dict(n=pick(range(1, 6)))
+
+
+def ones(check, case):
+    n = case.problem.n
+    check.close("sum of ones", check.forward(case.transformed("ones", x=torch.ones_like))["value"],
+                torch.full((3,), float(n)))
+
+
+ORACLES = (("python loop", "tiny", lambda kw, case: {"value": torch.tensor([math.fsum(r) for r in kw["x"].tolist()],
+                                                                           dtype=torch.float64)}),)
+PROPERTIES = (("sum of ones is the row length", "toy.*", ones),)
+FINITE_DIFFERENCES = "toy.*"
+ADVERSARIAL = (("huge values", {"x": lambda x: x * 1e30}, "reference"),
+               ("NaN input", {"x": lambda x: x * math.nan}, None, {"errors_ok": True}))
+STANDARD_BAD_INPUTS = dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",))
+BAD_INPUTS = (("fast", "a string", "yes"),)
+BATCH_ITEMS = (("a row", "toy.*", {"x": 0, "value": 0, "grad_x": 0}),)
+FAILURE_MODES = {"backend mismatch": ("regtoy/index.md#routes", "guide/index.md", "reference check", "toy.slow")}
+'''
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """Imports of the toy registration as ``regtoy.family`` (``extra`` appended to its source)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "regtoy").mkdir()
+    (tmp_path / "regtoy" / "__init__.py").write_text('"""Toy row sums, registered for the registration tests."""\n')
+
+    def imported(extra: str = "") -> object:
+        (tmp_path / "regtoy" / "family.py").write_text(REGISTRATION + textwrap.dedent(extra))
+        for name in ("regtoy.family", "regtoy"):
+            monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+        importlib.invalidate_caches()
+        return importlib.import_module("regtoy.family")
+
+    return imported
+
+
+def test_a_registration_becomes_the_family_it_declares(package):
+    family = registration.family_of(package())
+    assert family.name == "regtoy" and family.summary.startswith("Toy row sums")
+    assert [r.id for r in family.routes()] == ["toy.fast", "toy.slow"]
+    assert family.dtypes == (torch.float64, torch.float32)
+    assert [(m.symptom, m.routes, m.checks) for m in family.failure_modes] == [
+        ("backend mismatch", ("toy.slow",), ("reference", "exact")),
+        ("wrong route taken", ("*",), ("route",))]
+    assert family.failure_modes[1].read_first == "regtoy/index.md#dispatch-conditions"
+
+    case = family.make_case("toy.slow", size="tiny", dtype=torch.float32, device=CPU, seed=4)
+    assert case.problem == {"n": 3, "seed": 4} and case.problem.n == 3
+    assert (case.dtype, case.device, case.description) == (torch.float32, CPU, "toy_sum n=3 seed=4 float32 on cpu")
+    x = case.kwargs["x"]
+    assert x.dtype == torch.float32 and x.shape == (3, 3) and x.requires_grad and case.kwargs["fast"] is False
+    assert case.upstream["value"].dtype == torch.float32
+    want = family.reference(case)  # float64 on the CPU; the gradient added by autograd: the weight of each row
+    assert want["value"].dtype == torch.float64 and not want["value"].requires_grad
+    assert torch.equal(want["grad_x"], case.upstream["value"].double()[:, None].expand(3, 3))
+    assert {b.argument for b in family.bad_inputs} == {"x", "fast"} and len(family.bad_inputs) == 6
+    assert [p.name for p in family.properties] == ["sum of ones is the row length",
+                                                   "gradients match finite differences (float64)"]
+
+
+def test_a_planted_bug_fails_the_checks_the_registration_declares(package):
+    family = registration.family_of(package())
+    options = Options(device=CPU, seed=0, examples=3, quick=True)
+    right = verify_route(family, "toy.slow", options, dtype=torch.float64)
+    assert right.passed, [(c.name, c.detail) for c in right.checks if not c.passed]
+    planted = verify_route(family, "toy.fast", options, dtype=torch.float64)  # adds 1e-3 * x[:, 0]
+    assert {c.name for c in planted.checks if not c.passed} >= {"reference", "exact", "properties", "guards"}
+
+
+def test_what_is_not_a_registration_is_refused(package):
+    with pytest.raises(TypeError, match="^module must be a module"):
+        registration.family_of("regtoy.family")
+    module = package("del TREE, reference\n")
+    with pytest.raises(TypeError, match="^module regtoy.family declares no TREE, reference"):
+        registration.family_of(module)
+    with pytest.raises(ValueError, match="failure modes of unknown symptoms \\['slow'\\]"):
+        registration.family_of(package("FAILURE_MODES = {'slow': ('a.md', 'b.md', 'c')}\n"))
+    family = registration.family_of(package())
+    with pytest.raises(ValueError, match="^route_id 'toy.other' is no route of family 'regtoy'"):
+        family.make_case("toy.other", size="tiny", dtype=torch.float32, device=CPU, seed=0)
+
+
+def test_examples_are_drawn_by_pick_with_a_seed(package):
+    from hypothesis import given, settings
+
+    (prop, _) = registration.family_of(package()).properties
+    drawn = []
+
+    def keep(problem):
+        drawn.append(problem)
+
+    settings(max_examples=20, database=None)(given(prop.example())(keep))()
+    assert all(isinstance(p, Problem) and set(p) == {"n", "seed"} and 1 <= p.n <= 5 for p in drawn)
+    assert len({p.n for p in drawn}) > 1 and len({p.seed for p in drawn}) > 1
+
+
+def test_transformed_passes_float64_copies_on_the_cpu_and_casts_back():
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).requires_grad_(True)
+    case = Case("toy.slow", "toy_sum", {"x": x, "pair": (x, x), "fast": False}, "x")
+    seen = []
+    moved = case.transformed("doubled", x=lambda v: seen.append(v) or v * 2, pair=lambda v: -v, fast=lambda f: not f)
+    assert seen[0].dtype == torch.float64 and seen[0].device == CPU and not seen[0].requires_grad
+    assert moved.kwargs["x"].dtype == torch.float32 and moved.kwargs["x"].requires_grad and moved.kwargs["x"].is_leaf
+    assert torch.equal(moved.kwargs["x"], 2 * x.detach()) and torch.equal(moved.kwargs["pair"][1], -x.detach())
+    assert moved.kwargs["fast"] is True and moved.description == "x; doubled" and torch.equal(case.kwargs["x"], x)
+    with pytest.raises(ValueError, match="^functions name arguments the case of toy.slow lacks: y"):
+        case.transformed("y", y=abs)
+
+
+def test_problem_keys_read_as_attributes():
+    p = Problem({"n": 3}, seed=1)
+    assert (p.n, p.seed, str(p)) == (3, 1, "n=3 seed=1")
+    with pytest.raises(AttributeError):
+        p.missing
+    assert math.isnan(Problem(v=math.nan).v)
