@@ -95,9 +95,8 @@ def calls_of(adapter: adapters.Adapter, impl: adapters.Impl, config: dict,
     prepared = impl.prepare(adapter.build(config, device, 0), config)
     args = list(prepared.args)
 
-    def forward() -> Any:
-        with torch.no_grad():
-            return prepared.call(*args)
+    def forward() -> Any:  # no input requires grad: no autograd graph, and no no_grad() context to pay for
+        return prepared.call(*args)
 
     if not prepared.differentiable or impl.no_gradient(config):
         return forward, None

@@ -273,7 +273,8 @@ def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
     x = torch.randn(6, 2)
     bad = [  # (index, segments NaN on the Triton path)
         (dict(ids=torch.tensor([0, 0, 5, 1, 1, 1]), num_segments=3), [1]),  # id 5 inside segment 1's rows
-        (dict(ids=torch.tensor([0, 0, 2, 1, 1, 1]), num_segments=3), [1]),  # unsorted
+        (dict(ids=torch.tensor([0, 0, 2, 1, 1, 1]), num_segments=3), [1, 2]),  # unsorted: the searches count every
+        # id below 1 and 2 (two and five), so segment 1 holds rows 2-4 (row 2 has id 2) and segment 2 row 5 (id 1)
         (dict(ids=torch.tensor([-1, 0, 0, 1, 1, 1]), num_segments=3), [0, 1, 2]),  # offsets start past 0
         (dict(offsets=torch.tensor([0, 4, 2, 6])), [1]),
         (dict(offsets=torch.tensor([0, 9, 3, 6])), [0, 1]),  # past N

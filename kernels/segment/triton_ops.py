@@ -19,11 +19,11 @@ two float32 halves, there is no chunk table (a long chunk's program finds its se
 its row's id) and the long chunks' workspace is one allocation.
 
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
-order depends on its own length alone: see ``triton_segment``): tiles of ``CHUNK_TILE`` elements, ``block_d``
-columns by ``lanes`` rows. A short segment (<= ``short_rows`` rows) gets ``short_lanes`` of them (``lanes //
-short_lanes`` segments per program); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power
-of two in [``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of
-``lanes`` lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
+order depends on its own length alone: see ``triton_segment``): ``block_d`` columns by some lanes (rows). A short
+segment (<= ``short_rows`` rows) gets ``short_lanes`` lanes, ``short_groups`` segments per program (a tile of
+``CHUNK_TILE`` elements); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power of two in
+[``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of ``lanes``
+lanes per chunk (a tile of ``LONG_TILE`` elements). The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
 elements), the backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
 (:data:`INTERPRETED`), so that small verification cases run every path large GPU problems take (several steps per
 segment, several segments per program, long segments of one and of many chunks, several combine steps).
@@ -47,7 +47,8 @@ from provable_kernels.segment.triton_segment import (
     segment_combine_kernel,
 )
 
-CHUNK_TILE = 1024  # elements of the chunk kernel's tile (4096 held 144 registers for max: 1.4-2.1x slower)
+CHUNK_TILE = 1024  # elements of a short-segment program's tile (4096 held 144 registers for max: 1.4-2.1x slower)
+LONG_TILE = 1024  # elements of a long chunk's tile
 TILE = 4096  # elements of the combine pass's and the backward's tiles
 MAX_BLOCK_D = 128
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when the backward's rows find their segment
@@ -59,8 +60,9 @@ REDUCE_CODE = {"sum": 0, "mean": 1, "max": 2, "min": 3}
 class Sizes:
     """The constexprs of one column block width (module docstring)."""
 
-    lanes: int
+    lanes: int  # of a long chunk
     short_lanes: int
+    short_groups: int
     short_rows: int
     min_chunk: int
     doublings: int
@@ -69,10 +71,6 @@ class Sizes:
     combine_group: int
     backward_rows: int
     block_d: int
-
-    @property
-    def short_groups(self) -> int:
-        return self.lanes // self.short_lanes
 
     @property
     def max_chunk(self) -> int:
@@ -85,7 +83,7 @@ class Sizes:
 # GPU like many short ones)
 COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=256)
 # the interpreter: 8-row tiles; segments over 8 rows are long, in chunks of 16 or 32 rows (2 chunks at 17-32 rows)
-INTERPRETED = Sizes(lanes=8, short_lanes=2, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
+INTERPRETED = Sizes(lanes=8, short_lanes=2, short_groups=4, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
                     combine_group=4, backward_rows=8, block_d=0)
 
 
@@ -100,8 +98,8 @@ def sizes(D: int, interpreted: bool = False) -> Sizes:
     if interpreted:
         return replace(INTERPRETED, block_d=block_d)
     # verify: unreached (compiled kernels only: CUDA; tests/test_segment.py)
-    return Sizes(lanes=CHUNK_TILE // block_d, combine_lanes=TILE // block_d, backward_rows=TILE // block_d,
-                 block_d=block_d, **COMPILED)
+    return Sizes(lanes=LONG_TILE // block_d, short_groups=CHUNK_TILE // block_d // COMPILED["short_lanes"],
+                 combine_lanes=TILE // block_d, backward_rows=TILE // block_d, block_d=block_d, **COMPILED)
 
 
 def short_rows(device: torch.device) -> int:

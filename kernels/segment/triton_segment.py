@@ -45,19 +45,40 @@ from provable_kernels.triton_math import float_scalar
 BIG = tl.constexpr(2147483647)  # larger than every row index and segment id (int32)
 
 
+FAN = tl.constexpr(32)  # probes per step of a search: log32 of the size dependent loads
+
+
+@triton.jit
+def _count_below(ptr, targets, size, STRICT: tl.constexpr):
+    """For each target of the block ``targets`` (M,): how many of ``ptr[0 .. size - 1]`` (sorted) lie below it
+    (STRICT: ``<``) or at or below it (``<=``): a FAN-ary search, FAN probes per step, log_FAN(size + 1) dependent
+    loads (a binary search takes five times as many). Whatever the memory holds (unsorted values in device mode)
+    it reads nothing outside ``ptr[0 .. size - 1]``, ends, and returns a count in 0 .. size. int32 (M,)."""
+    j = tl.arange(0, FAN)
+    lo = (targets * 0).to(tl.int32)  # every element below lo counts, none from hi on
+    hi = lo + size
+    while tl.max(hi - lo, axis=0) > 0:
+        step = (hi - lo + FAN - 1) // FAN
+        at = lo[:, None] + j[None, :] * step[:, None]
+        live = at < hi[:, None]
+        value = tl.load(ptr + at, mask=live, other=0)
+        if STRICT:
+            below = live & (value < targets[:, None])
+        else:
+            below = live & (value <= targets[:, None])
+        c = tl.sum(below.to(tl.int32), axis=1)
+        last = lo + (c - 1) * step  # the last probe that counts
+        lo, hi = tl.where(c > 0, last + 1, lo), tl.where(c > 0, tl.minimum(last + step, hi), lo)
+    return lo
+
+
 @triton.jit
 def segment_at(offsets_ptr, S, row):
-    """The last segment s in 0..S with ``offsets[s] <= row`` (0 when there is none): a binary search, log2(S + 2)
-    dependent loads, never out of bounds whatever the offsets hold (for sorted offsets: the segment holding ``row``,
-    or S past the end)."""
-    lo = tl.full((), 0, tl.int32)
-    hi = S + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        right = tl.load(offsets_ptr + mid) <= row
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(right, hi, mid)
-    return tl.maximum(lo - 1, 0)
+    """The last segment s in 0..S with ``offsets[s] <= row`` (0 when there is none): a FAN-ary search
+    (:func:`_count_below`), never out of bounds whatever the offsets hold (for sorted offsets: the segment holding
+    ``row``, or S past the end)."""
+    count = _count_below(offsets_ptr, tl.zeros([1], tl.int32) + row, S + 1, False)
+    return tl.maximum(tl.max(count, axis=0) - 1, 0)
 
 
 @triton.jit
@@ -72,27 +93,9 @@ def _bounds(offsets_ptr, s, live, N):
 
 @triton.jit
 def _id_bounds(ids_ptr, k, N):
-    """(first row whose id is >= k, first row whose id is >= k + 1) for each segment k of the block ``k``, from
-    sorted ``ids``: two binary searches in one loop (log2(N + 1) dependent steps), never out of bounds whatever the
-    ids hold. int32."""
-    lo_a = (k * 0).to(tl.int32)
-    hi_a = lo_a + N
-    lo_b = lo_a
-    hi_b = hi_a
-    more = N > 0
-    while more:
-        act_a = lo_a < hi_a
-        act_b = lo_b < hi_b
-        mid_a = (lo_a + hi_a) // 2
-        mid_b = (lo_b + hi_b) // 2
-        right_a = act_a & (tl.load(ids_ptr + mid_a, mask=act_a, other=0) < k)
-        right_b = act_b & (tl.load(ids_ptr + mid_b, mask=act_b, other=0) <= k)
-        lo_a = tl.where(right_a, mid_a + 1, lo_a)
-        hi_a = tl.where(act_a & ~right_a, mid_a, hi_a)
-        lo_b = tl.where(right_b, mid_b + 1, lo_b)
-        hi_b = tl.where(act_b & ~right_b, mid_b, hi_b)
-        more = tl.max((act_a | act_b).to(tl.int32)) > 0
-    return lo_a, lo_b
+    """(first row whose id is >= k, first row whose id is >= k + 1) for each segment of the block ``k`` (M,), from
+    sorted ``ids`` (:func:`_count_below`), never out of bounds whatever the ids hold. int32."""
+    return _count_below(ids_ptr, k, N, True), _count_below(ids_ptr, k, N, False)
 
 
 @triton.jit
@@ -235,21 +238,20 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
     """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones (and the invalid ones, as NaN) write their
     output; long ones are left to the combine pass. IDS: the group's bounds are written to the offsets (column
     block 0; segment 0's start by program 0)."""
-    lane = tl.arange(0, SHORT_GROUPS * SHORT_LANES)
-    s = pid * SHORT_GROUPS + lane // SHORT_LANES
-    a, b, valid = _segment_bounds(offsets_ptr, ids_ptr, s, s < S, N, IDS)
-    start = a + lane % SHORT_LANES
-    stop = tl.where(b - a <= SHORT, b, start)
-    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, s, start, stop, cols64, cmask, stride_xn, stride_xd,
-                                SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC, False, CHECK_IDS)
     sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
-    ag = tl.max(tl.reshape(a, [SHORT_GROUPS, SHORT_LANES]), axis=1)  # the same in every lane of a group
-    bg = tl.max(tl.reshape(b, [SHORT_GROUPS, SHORT_LANES]), axis=1)
-    valid_g = tl.max(tl.reshape(valid.to(tl.int32), [SHORT_GROUPS, SHORT_LANES]), axis=1) != 0
+    ag, bg, valid_g = _segment_bounds(offsets_ptr, ids_ptr, sg, sg < S, N, IDS)
     if IDS:
         writes = (sg < S) & _block(tl.program_id(1) == 0, sg)
         tl.store(offsets_ptr + sg + 1, bg, mask=writes)
         tl.store(offsets_ptr + sg, ag, mask=writes & (sg == 0))
+    lane = tl.arange(0, SHORT_GROUPS * SHORT_LANES)  # each group's bounds in each of its lanes:
+    a = tl.reshape(tl.broadcast_to(ag[:, None], [SHORT_GROUPS, SHORT_LANES]), [SHORT_GROUPS * SHORT_LANES])
+    b = tl.reshape(tl.broadcast_to(bg[:, None], [SHORT_GROUPS, SHORT_LANES]), [SHORT_GROUPS * SHORT_LANES])
+    start = a + lane % SHORT_LANES
+    stop = tl.where(b - a <= SHORT, b, start)
+    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, pid * SHORT_GROUPS + lane // SHORT_LANES, start, stop,
+                                cols64, cmask, stride_xn, stride_xd, SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC,
+                                False, CHECK_IDS)
     length = bg - ag
     bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg)
     mine = ((sg < S) & (bad | (length <= SHORT)))[:, None] & cmask[None, :]
