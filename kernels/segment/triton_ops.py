@@ -80,8 +80,9 @@ class Sizes:
 # a GPU: short segments of <= 256 rows, 8 lanes each (a program's steps follow its longest segment: at an average
 # length of 16, 8 lanes x 8 segments waste no more lanes than the old sweep's 4 x 16, and 100-row segments take half
 # the steps), long ones in chunks of 512 .. 4096 rows (about 4096 chunks per segment: one 16M-row segment fills the
-# GPU like many short ones)
-COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=256)
+# GPU like many short ones); the combine pass looks at 8 workspace slots per program (at most 8 long segments, one
+# after the other: 1024 segments of 1024 rows take 512 programs, 256 per program took 4)
+COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=8)
 # the interpreter: 8-row tiles; segments over 8 rows are long, in chunks of 16 or 32 rows (2 chunks at 17-32 rows)
 INTERPRETED = Sizes(lanes=8, short_lanes=2, short_groups=4, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
                     combine_group=4, backward_rows=8, block_d=0)
@@ -147,13 +148,15 @@ class ForwardPlan:
                       BD=z.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=WARPS)
         self.chunk = self.combine = None
         if S and D:
+            short_programs = _cdiv(S, z.short_groups)
             self.chunk = launcher(segment_chunk_kernel).bind(
-                (slots + _cdiv(S, z.short_groups), column_blocks), (N, S, D, slots, *strides, *float_halves(empty)),
+                (slots + short_programs, column_blocks),
+                (N, S, D, slots, short_programs, *strides, *float_halves(empty)),
                 options(SHORT_LANES=z.short_lanes, SHORT_GROUPS=z.short_groups, LANES=z.lanes, IDS=ids_form,
                         CHECK_IDS=check_ids, **common))
             if slots:
                 self.combine = launcher(segment_combine_kernel).bind(
-                    (_cdiv(S, z.combine_group), column_blocks), (N, S, D, slots),
+                    (_cdiv(slots, z.combine_group), column_blocks), (N, S, D, slots),
                     options(GROUP=z.combine_group, LANES=z.combine_lanes, **common))
 
     def _launch(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor], out: Tensor,

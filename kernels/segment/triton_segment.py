@@ -235,9 +235,10 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
                     ends_ok, cols64, cmask, SHORT: tl.constexpr, SHORT_LANES: tl.constexpr,
                     SHORT_GROUPS: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
                     ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr):
-    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones (and the invalid ones, as NaN) write their
-    output; long ones are left to the combine pass. IDS: the group's bounds are written to the offsets (column
-    block 0; segment 0's start by program 0)."""
+    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones write their output, the invalid ones NaN,
+    the long ones NaN until the combine pass writes them (a long segment it never reaches, possible only with a bad
+    index, stays NaN). IDS: the group's bounds are written to the offsets (column block 0; segment 0's start by
+    program 0)."""
     sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
     ag, bg, valid_g = _segment_bounds(offsets_ptr, ids_ptr, sg, sg < S, N, IDS)
     if IDS:
@@ -254,14 +255,15 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
                                 False, CHECK_IDS)
     length = bg - ag
     bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg)
-    mine = ((sg < S) & (bad | (length <= SHORT)))[:, None] & cmask[None, :]
+    long = ~bad & (length > SHORT)  # written NaN here, then by the combine pass: never left unwritten
+    mine = (sg < S)[:, None] & cmask[None, :]
     value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE)
     value = tl.where((length == 0)[:, None], empty, value)
-    value = tl.where(bad[:, None], float("nan"), value)
+    value = tl.where((bad | long)[:, None], float("nan"), value)
     out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
     tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=mine)
     if STORE_ARG:
-        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad)[:, None], -1, i), mask=mine)
+        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad | long)[:, None], -1, i), mask=mine)
 
 
 @triton.jit
@@ -302,30 +304,35 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
     tl.store(tag_ptr + q, tl.where(real, s, -1), mask=tl.program_id(1) == 0)
 
 
-@triton.jit(do_not_specialize=("N", "S", "long_programs"))  # sizes that change per batch compile nothing
+@triton.jit(do_not_specialize=("N", "S", "long_programs", "short_programs"))  # sizes that change per batch: runtime
 def segment_chunk_kernel(
     x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, ws_ptr,
-    N, S, D, long_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
+    N, S, D, long_programs, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
     SHORT: tl.constexpr, SHORT_LANES: tl.constexpr, SHORT_GROUPS: tl.constexpr, LANES: tl.constexpr,
     MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr,
 ):
-    """Programs 0 .. long_programs - 1 (column block ``program_id(1)``) reduce one chunk of a long segment each
-    (:func:`_long_chunk`; long_programs = N // SHORT workspace slots), the others the short segments
-    (:func:`_short_segments`). ``empty`` arrives as two float32 halves
-    (:func:`provable_kernels.launch.float_halves`)."""
+    """``long_programs`` programs (N // SHORT workspace slots) reduce one chunk of a long segment each
+    (:func:`_long_chunk`), ``short_programs`` the short segments (:func:`_short_segments`); column block
+    ``program_id(1)``. The two kinds alternate in the grid (the longer list's rest last), so that the long
+    programs' searches, idle ones included, overlap the short ones' streaming. ``empty`` arrives as two float32
+    halves (:func:`provable_kernels.launch.float_halves`)."""
     pid = tl.program_id(0)
+    both = tl.minimum(long_programs, short_programs)
+    alternating = pid < 2 * both
+    is_long = tl.where(alternating, pid % 2 == 0, long_programs > short_programs)
+    index = tl.where(alternating, pid // 2, pid - both)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
-    if pid < long_programs:
+    if is_long:
         part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, long_programs, D, ACC, REDUCE)
-        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, pid, N, S, D,
+        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, index, N, S, D,
                     stride_xn, stride_xd, cols64, cmask, SHORT, LANES, MIN_CHUNK, DOUBLINGS, TARGET, BD, REDUCE,
                     ACC, IDS, CHECK_IDS)
     else:
         empty = float_scalar(EMPTY_HI, EMPTY_LO, ACC == tl.float64)
-        _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid - long_programs, N, S, D, stride_xn,
+        _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, index, N, S, D, stride_xn,
                         stride_xd, empty, _index_ends_ok(offsets_ptr, ids_ptr, N, S, IDS), cols64, cmask, SHORT,
                         SHORT_LANES, SHORT_GROUPS, BD, REDUCE, STORE_ARG, ACC, IDS, CHECK_IDS)
 
@@ -374,21 +381,26 @@ def segment_combine_kernel(
     DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Program (p, q) finishes the long segments among p GROUP .. p GROUP + GROUP - 1, one after the other
-    (:func:`_combine_segment`); short ones were written by the chunk kernel (``slots``: its long programs)."""
+    """Program (p, q) finishes, one after the other (:func:`_combine_segment`), the long segments that start in
+    the rows of workspace slots p GROUP .. p GROUP + GROUP - 1 (slot k: rows k SHORT .. k SHORT + SHORT - 1). A
+    long segment (more than SHORT rows) is the last segment to start in its slot's rows, so each one is found by
+    one search (:func:`segment_at`'s, per slot) and finished by exactly one program, whatever S is; the short ones
+    were written by the chunk kernel (``slots``: its long programs)."""
     part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, slots, D, ACC, REDUCE)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
     ends_ok = _ends_ok(offsets_ptr, N, S)
     member = tl.arange(0, GROUP)
-    sg = tl.program_id(0) * GROUP + member
-    a, b, valid = _bounds(offsets_ptr, sg, sg < S, N)
-    todo = tl.where(valid & (b - a > SHORT), member, GROUP)
+    slot = tl.program_id(0) * GROUP + member
+    live = slot < slots
+    sg = tl.maximum(_count_below(offsets_ptr, (slot + 1) * SHORT - 1, S + 1, False) - 1, 0)
+    a, b, valid = _bounds(offsets_ptr, sg, live & (sg < S), N)
+    todo = tl.where(valid & (b - a > SHORT) & (a // SHORT == slot), member, GROUP)
     k = _next(todo, GROUP)
     while k < GROUP:
         start = _pick(a, member, k)
-        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, tl.program_id(0) * GROUP + k, start,
+        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, _pick(sg, member, k), start,
                          _pick(b, member, k) - start, D, ends_ok, cols64, cmask, LANES, SHORT, MIN_CHUNK, DOUBLINGS,
                          TARGET, BD, REDUCE, STORE_ARG, ACC)
         todo = tl.where(member == k, GROUP, todo)
