@@ -9,9 +9,10 @@ run's ``--devices`` list when it lists several, else the next visible GPU), and:
 
 - **moved**: runs the case with every tensor argument, tensor in a tuple or list argument, module argument and
   upstream weight copied to *other* (leaves requiring grad like the originals), *home* staying current. Every
-  output and gradient must lie on *other* and be bitwise the home run's. Every Triton launch (through
-  :class:`provable_kernels.launch.Launcher` or a :class:`~provable_kernels.launch.Bound` launch) must find the
-  device of its tensor arguments current: a launch that does not fails the check, naming the kernel, and is made
+  output and gradient must lie on *other* and be bitwise the home run's. Every Triton launch must find the device
+  of its tensor arguments current as it reaches :meth:`provable_kernels.launch.Launcher.launch` or a
+  :class:`~provable_kernels.launch.Bound` launch (where the check looks: the library enters the inputs' device
+  above them, in its host path): a launch that does not fails the check, naming the kernel, and is made
   with that device entered (so a wrong launch cannot read another GPU's memory and take the verifying process's
   CUDA context down with it); one whose tensor arguments lie on several devices is not made at all.
 - **split**: for each tensor argument in turn (each tensor of a tuple or list argument too), runs the case with
