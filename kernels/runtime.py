@@ -23,6 +23,10 @@ object, no tree walk. Where values are checked on the host (CPU tensors, or ``va
 ``prepare`` declines (returns None), takes ``make_call``, the route's body and ``finish`` on every call.
 Calls the cache does not cover (under ``torch.compile``, export, ``torch.func`` transforms, fake or meta tensors,
 tensor subclasses, arguments of other types) take the full path every time: the same checks, the same tree.
+
+Every call runs with its tensors' CUDA device current (``cuda:1`` in a multi-GPU job, whatever the current device
+is): Triton launches on the current device, and so do the allocations and streams of the launch path. Autograd's
+backward runs on the gradients' device, and a compiled graph on its own.
 """
 from __future__ import annotations
 
@@ -65,6 +69,14 @@ def signature(args: tuple) -> Optional[tuple]:
     return tuple(key)
 
 
+def _gpu(args: tuple) -> Optional[int]:
+    """The index of the CUDA device of the first CUDA tensor argument (None: no CUDA tensor, or while compiling:
+    the compiled graph runs on its own device). Validation rejects arguments on several devices."""
+    if torch.compiler.is_compiling():
+        return None
+    return next((a.get_device() for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+
+
 class Entry:
     """A public entry point: ``Entry(tree, check, make_call, finish)(*args)`` runs the call (module docstring) and
     returns ``finish(call, result)`` (the route's result itself when ``finish`` is None)."""
@@ -72,14 +84,30 @@ class Entry:
     def __init__(self, tree: Tree, check: Callable[..., Any], make_call: Callable[..., Any],
                  finish: Optional[Callable[[Any, Any], Any]] = None):
         self.tree, self.check, self.make_call, self.finish = tree, check, make_call, finish
-        self.cache: dict[tuple, tuple[Any, Route, Optional[Callable[..., Any]], bool]] = {}
+        self.cache: dict[tuple, tuple[Any, Route, Optional[Callable[..., Any]], bool, Optional[int]]] = {}
 
     def __call__(self, *args: Any) -> Any:
         key = signature(args)
         found = self.cache.get(key) if key is not None else None
+        gpu = _gpu(args) if found is None else found[4]
+        if gpu is not None and gpu != torch._C._cuda_getDevice():  # launch where the tensors are (cuda:1 ...)
+            with torch.cuda.device(gpu):
+                return self._call(key, found, args)
+        return self._call(key, found, args)
+
+    def uncached(self, *args: Any) -> Any:
+        """The full path, never cached: for a call whose signature depends on a value read from a tensor (the
+        segment ids form without ``num_segments``) or on an argument the checks will reject."""
+        gpu = _gpu(args)
+        if gpu is not None and gpu != torch._C._cuda_getDevice():
+            with torch.cuda.device(gpu):
+                return self._first_call(None, args)
+        return self._first_call(None, args)
+
+    def _call(self, key: Optional[tuple], found: Optional[tuple], args: tuple) -> Any:
         if found is None:
             return self._first_call(key, args)
-        meta, route, direct, host_checks = found
+        meta, route, direct, host_checks, _ = found
         if direct is None:
             call = self.make_call(meta, *args)
             return self._finish(call, self.tree.run(route, route.fn, call))
@@ -101,7 +129,7 @@ class Entry:
             mode = key[1]
             on_cpu = any(type(a) in _PLAIN_TENSORS and not a.is_cuda for a in args)
             direct = route.prepare(call, args) if route.prepare else None
-            self.cache[key] = meta, route, direct, mode == "sync" or (mode == "auto" and on_cpu)
+            self.cache[key] = meta, route, direct, mode == "sync" or (mode == "auto" and on_cpu), _gpu(args)
         return out
 
     def _finish(self, call: Any, out: Any) -> Any:

@@ -18,7 +18,7 @@ from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels.runtime import Entry
 from provable_kernels.segment import torch_ops, triton_ops
 from provable_kernels.segment.autograd import segment_backward, segment_forward
-from provable_kernels.segment.call import REDUCTIONS, SegmentCall, bind, check, make_call, require_call, runs_triton
+from provable_kernels.segment.call import REDUCTIONS, SegmentCall, bind, check, require_call, runs_triton
 
 
 # ----------------------------------------------------------------------------------------------- conditions
@@ -249,8 +249,7 @@ def segment_reduce(
     the device, else PyTorch.
     """
     if ids is not None and num_segments is None:  # S read from the ids' values: not a signature of metadata
-        call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
-        return validate.poison(call.flag, TREE.dispatch(call))
+        return REDUCE.uncached(x, reduce, offsets, ids, num_segments, empty, use_triton)
     return REDUCE(x, reduce, offsets, ids, num_segments, empty, use_triton)
 
 
@@ -258,7 +257,7 @@ def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
     sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
     num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
     if ids is not None and num_segments is None:  # grad_output is not a tensor: the full path names the error
-        return TREE.dispatch(make_call("adjoint", x, reduce, offsets, ids, None, 0.0, use_triton, grad_output))
+        return ADJOINT.uncached(x, reduce, offsets, ids, None, 0.0, use_triton, grad_output)
     return ADJOINT(x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output)
 
 
