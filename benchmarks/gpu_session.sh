@@ -17,6 +17,10 @@
 # Limits (override in the environment): VERIFY_TIMEOUT 540, TESTS_TIMEOUT 180, BENCH_BUDGET 130 (seconds per
 # family: bench), CHECK_BUDGET 150 (seconds per family: check; checks that do not fit are recorded as skipped:
 # split the phase over calls with CHECK_ONLY=name,name and FAMILIES), BREAKDOWN_BUDGET 120 (seconds per family).
+# DEVICES (verify and sanitize) spreads each family's verification over several GPUs: DEVICES=all, or a list such as
+# DEVICES=cuda:0,cuda:1 (sentinel verify --devices: VERIFY_JOBS worker processes rounded up to the same count per GPU,
+# each pinned to its GPU; the compute-sanitizer processes go to the same GPUs); the end of each step's output has
+# a table of each GPU's share, and $OUT/<phase>-cuda-<family>.json its "devices" entry. Unset: the current GPU only.
 # verify with VERIFY_ROUTES (space-separated globs, e.g. '<family>.triton.*') records that part only: it joins the
 # family's saved record of the same sources (copy the earlier part into traces/verification/ first). With
 # VERIFY_EXTRAS=1, verify also runs the GPU tests (GPU_TESTS; default: tests/test_gpu_call_path.py and each
@@ -31,6 +35,7 @@ VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
 VERIFY_EXTRAS=${VERIFY_EXTRAS:-0}
 VERIFY_JOBS=${VERIFY_JOBS:-12}
+DEVICES=${DEVICES:-}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-180}
 BENCH_BUDGET=${BENCH_BUDGET:-130}
 CHECK_BUDGET=${CHECK_BUDGET:-150}
@@ -77,7 +82,8 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     set -f  # VERIFY_ROUTES holds globs for --route, not file names
     # shellcheck disable=SC2086 # VERIFY_ROUTES is a list of globs
     step "$PHASE-$family" timeout "$left" python3 -m kernel_sentinel verify --family "$family" --device cuda --record \
-      --jobs "$VERIFY_JOBS" $SANITIZE ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} --json "$OUT/$PHASE-cuda-$family.json"
+      --jobs "$VERIFY_JOBS" $SANITIZE ${DEVICES:+--devices "$DEVICES"} ${VERIFY_ROUTES:+--route $VERIFY_ROUTES} \
+      --json "$OUT/$PHASE-cuda-$family.json"
     set +f
     # only the record written here (the device tool returns at most 8 files)
     find traces/verification -name "$family-cuda-*.json" -newer "/tmp/verify-start-$family" -exec cp {} "$OUT"/ \;

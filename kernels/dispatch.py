@@ -34,13 +34,14 @@ class Condition:
 @dataclass(frozen=True)
 class Route:
     """A leaf of the tree: a stable id (``family.backend.variant``) and the function that runs the call.
-    ``prepare(call)``, when given, returns a runner for every call with ``call``'s signature (its plan, launch
-    options and kernels looked up once: :class:`provable_kernels.runtime.Entry`); the runner computes what ``fn``
-    computes, bitwise."""
+    ``prepare(call, args)``, when given, returns the *direct runner* of every call with the signature of ``call``
+    and the entry point's arguments ``args`` it was made from, or None to decline: a function of the entry point's
+    own arguments that returns what ``fn`` and the entry point's ``finish`` return, bitwise, with its plan, launch
+    options and kernels made once (:class:`provable_kernels.runtime.Entry`)."""
 
     id: str
     fn: Callable[[Any], Any]
-    prepare: Optional[Callable[[Any], Callable[[Any], Any]]] = None
+    prepare: Optional[Callable[[Any, tuple], Optional[Callable[..., Any]]]] = None
 
     @property
     def doc(self) -> str:  # verify: unreached (the trace text: sentinel trace, tests/test_dispatch_tree.py)
@@ -172,6 +173,11 @@ def _compiling() -> bool:
 _RECORDINGS: contextvars.ContextVar[tuple[tuple[list[str], int, bool], ...]] = contextvars.ContextVar(
     "_RECORDINGS", default=())
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("_DEPTH", default=0)  # routes running now
+
+
+def recordings_active() -> bool:
+    """True inside a :func:`recording` block (a direct runner then records its route: host time otherwise)."""
+    return bool(_RECORDINGS.get())
 
 
 @contextlib.contextmanager

@@ -163,22 +163,26 @@ class Bound:
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
     def _launch_compiled(self, tensors: tuple) -> None:
-        launcher = self.launcher
-        try:
-            device = torch.cuda.current_device()
-        except RuntimeError:  # no CUDA driver (the interpreter set too late): the launcher says so
-            return launcher.launch(self.grid, (*tensors, *self.tail), self.opts)
+        if not self.kernels:  # the first launch (CUDA initialised, or the launcher's error when it cannot be)
+            return self._first(tensors)
+        device = torch._C._cuda_getDevice()  # what torch.cuda.current_device() returns once CUDA is initialised
         key = device, tuple([t is None or t.data_ptr() % 16 == 0 for t in tensors])
         found = self.kernels.get(key)
         if found is None or _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
-            args = (*tensors, *self.tail)
-            launcher.launch(self.grid, args, self.opts)
-            self.kernels[key] = launcher.cache[_key(args, self.opts)]
-            return None
+            return self._first(tensors)
         compiled, constexprs = found
         compiled.run(*self.grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function,
                      compiled.packed_metadata, None, None, None, *tensors, *self.tail, *constexprs)
         return None
+
+    # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
+    def _first(self, tensors: tuple) -> None:
+        """Launch through :meth:`Launcher.launch` (compiling, or under a profiler's hooks) and keep the compiled
+        kernel for the current device and the tensors' alignments."""
+        args = (*tensors, *self.tail)
+        self.launcher.launch(self.grid, args, self.opts)
+        key = torch.cuda.current_device(), tuple([t is None or t.data_ptr() % 16 == 0 for t in tensors])
+        self.kernels[key] = self.launcher.cache[_key(args, self.opts)]
 
 
 def _active(hook: Any) -> bool:

@@ -230,6 +230,11 @@ def value_checks(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
+def current_mode() -> str:
+    """The value-check mode in effect (:func:`value_checks`): ``"auto"``, ``"sync"`` or ``"device"``."""
+    return _MODE.get()
+
+
 def symbolic(x: torch.Tensor) -> bool:
     """True when ``x`` has no values to read now: while compiling, under a ``torch.func`` transform, or for a meta
     or fake tensor."""

@@ -3,8 +3,10 @@
 - :func:`route_status`: one cell of the matrix: a route on one device (every dtype of the record), ``pass``,
   ``fail``, ``stale`` (the record was made on other sources than the current ones; its result is shown too) or
   ``not run``; with the record's commit and that commit's date.
-- :func:`rollup`: the home page's first table, one row per family and recorded device: routes passed, whether the
-  record is current, sanitizer, coverage, mutation kill rate, the record's date and commit.
+- :func:`rollup`: the home page's first table, one row per family and recorded device (one per GPU model: a record
+  is one model's, whatever number of GPUs it ran on): status, routes passed, whether the record is current, the
+  GPU count, the cross-device check (evidence only from a record made with a second GPU), sanitizer, coverage,
+  mutation kill rate, the record's date and commit.
 - :func:`matrix`: the home page's full table: families x routes x devices, plus the sanitizer result (GPU records,
   Triton routes) and the family's mutation kill rate (``traces/verification/mutation/<family>.json``, written by
   ``sentinel mutate --record``).
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from kernel_sentinel.records import git, row_key
+from kernel_sentinel.records import NOT_APPLICABLE, cross_device, git, gpus, row_key
 
 MUTATION_DIR_NAME = "mutation"
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -218,11 +220,13 @@ def coverage_summary(record: Mapping[str, Any]) -> str:
 
 def rollup(statuses: Sequence[FamilyStatus], every_route: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the one-screen status: a row per family and recorded device (the CPU first; a row per
-    dtype where the dtypes' results differ) with its status word (pass, fail, or stale when the record was made on
-    other sources than today's), routes passed / routes, the sanitizer (GPU: Triton routes with every tool
+    dtype where the dtypes' results differ) with its status (pass when every route passed), routes passed /
+    routes, whether the record is current (**STALE**: made on other sources than today's), the number of GPUs it
+    ran on, the cross-device check (:func:`cross_devices`), the sanitizer (GPU: Triton routes with every tool
     clean), coverage (CPU), the mutation kill rate and the record's date and commit; the device links to
     ``every_route``, the full matrix (where the mutation record's date and commit are)."""
-    header = ["family", "device", "status", "routes passed", "sanitizer", "coverage", "mutants killed", "record"]
+    header = ["family", "device", "status", "routes passed", "current", "GPUs", "cross-device", "sanitizer",
+              "coverage", "mutants killed", "record"]
     rows = []
     for status in statuses:
         for record in sorted(status.records, key=lambda r: (r["device"]["type"] != "cpu", device_label(r))):
@@ -232,6 +236,19 @@ def rollup(statuses: Sequence[FamilyStatus], every_route: str) -> tuple[list[str
             for dtype, passed in (by_dtype.items() if split else [("", _passed(record, routes))]):
                 rows.append(_rollup_row(status, record, routes, passed, dtype, every_route))
     return header, rows
+
+
+def cross_devices(record: Mapping[str, Any]) -> str:
+    """The cross-device cell of a record (:func:`kernel_sentinel.records.cross_device`): pass, fail, not run (a
+    record older than the check), or not applicable with the GPU count: no evidence; n/a on the CPU."""
+    if record["device"]["type"] != "cuda":
+        return "n/a"
+    found = cross_device(dict(record))
+    if found in ("pass", "fail", "not run"):
+        return SYMBOL[found]
+    if found.startswith(NOT_APPLICABLE):
+        return f":material-minus-circle-outline: {found} (no evidence)"
+    return f"{SYMBOL['pass']} {found.removeprefix('pass ')}"
 
 
 def _passed(record: Mapping[str, Any], routes: Sequence[str], dtype: str = "") -> int:
@@ -245,14 +262,16 @@ def _passed(record: Mapping[str, Any], routes: Sequence[str], dtype: str = "") -
 
 def _rollup_row(status: FamilyStatus, record: Mapping[str, Any], routes: Sequence[str], passed: int, dtype: str,
                 every_route: str) -> list[str]:
-    word = "stale" if not is_current(record, status.blobs) else "pass" if passed == len(routes) else "fail"
+    current = is_current(record, status.blobs)
     triton = [r for r, _, is_triton in status.routes if is_triton]
     gpu = record["device"]["type"] == "cuda"
     commit = record.get("commit", "")
     mutation = status.mutation
     device = device_label(record) + (f", {dtype}" if dtype else "")
     return [f"[{status.family}]({status.family}/index.md)", f"[{device}]({every_route})",
-            SYMBOL[word].replace(" stale", " **STALE**"), f"{passed}/{len(routes)}",
+            SYMBOL["pass" if passed == len(routes) else "fail"], f"{passed}/{len(routes)}",
+            ":material-check-circle: current" if current else SYMBOL["stale"].replace(" stale", " **STALE**"),
+            str(len(gpus(dict(record["device"])))) if gpu else "n/a", cross_devices(record),
             f"{sum(_sanitized(record, r) for r in triton)}/{len(triton)} Triton" if gpu else "n/a",
             "n/a" if gpu else coverage_summary(record),
             f"{mutation['kill_rate']:.0f}%" if mutation and mutation.get("kill_rate") is not None else "not measured",

@@ -11,8 +11,11 @@ CI machines usually have no GPU, so the gate runs what a CPU can and demands a c
    its interpreter). ``--no-cpu-verify`` leaves this step out, for a CI job that has just run the full CPU
    verification of the same tree (``.ci/run`` runs the README's ``sentinel verify`` first).
 3. **GPU record**: each affected family whose sources define Triton kernels needs a record from a CUDA device
-   (``traces/verification/<family>-cuda-*.json``) whose git blob ids match the current sources, which covers
-   every route of the current tree at every dtype of the family, and whose rows all passed.
+   (``traces/verification/<family>-cuda-*.json``, one per GPU model, of any model) whose git blob ids match the
+   current sources, which covers every route of the current tree at every dtype of the family, and whose rows
+   all passed. The step's detail has a line per GPU model's record: current or what is wrong with it, the GPU
+   count it ran on, and its cross-device evidence (:func:`kernel_sentinel.records.cross_device`: a record made on
+   one GPU passes the ``devices`` check as not applicable, which the step names as no evidence).
 4. **traces**: the check of ``sentinel trace --check`` (always: it is cheap, and a hand-edited trace must fail).
 
 A docs-only change affects no family: the gate checks the traces and nothing else. Every failure says what to
@@ -112,7 +115,7 @@ def _listing(paths: Sequence[str]) -> str:
 
 def record_problem(family: Family, record: dict[str, Any], current: dict[str, str]) -> Optional[str]:
     """Why ``record`` does not vouch for ``family`` as it is now (sources ``current``), or None when it does."""
-    where = record["device"]["name"]
+    where = records.device_text(record["device"])
     changed = sorted(p for p in set(current) | set(record["sources"]) if record["sources"].get(p) != current.get(p))
     if changed:
         return f"{_listing(changed)} changed since the last GPU verification on {where}: {RECORD_HINT}"
@@ -131,8 +134,22 @@ def record_problem(family: Family, record: dict[str, Any], current: dict[str, st
     return None
 
 
+def cross_device_note(record: dict[str, Any]) -> str:
+    """What ``record`` shows of the ``devices`` check, in words, a not-applicable one named as no evidence."""
+    found = records.cross_device(record)
+    if found == "pass":
+        return "cross-device check passed"
+    if found == "not run":
+        return "no cross-device evidence (recorded before the devices check existed)"
+    if found.startswith(records.NOT_APPLICABLE):
+        return (f"no cross-device evidence (the devices check was not applicable: "
+                f"{found.removeprefix(records.NOT_APPLICABLE)}; record on a host with two GPUs or more)")
+    return f"cross-device check: {found}"
+
+
 def gpu_record_step(family: Family) -> Step:
-    """Pass when some CUDA record of ``family`` matches the current sources, covers every route, all passed."""
+    """Pass when some CUDA record of ``family`` matches the current sources, covers every route, all passed; the
+    detail says so of each GPU model's record."""
     try:
         cuda = [r for r in records.load_records() if r["family"] == family.name and r["device"]["type"] == "cuda"]
     except ValueError as exc:
@@ -142,14 +159,16 @@ def gpu_record_step(family: Family) -> Step:
                     f"no GPU verification record of {family.name} in {records.RECORD_DIR}/: its Triton kernels "
                     f"({', '.join(triton_sources(family))}) ran only under the CPU interpreter here; {RECORD_HINT}")
     current = records.blob_ids(family.source_files())
-    problems = []
-    for record in cuda:
-        problem = record_problem(family, record, current)
-        if problem is None:
-            return Step("gpu-record", family.name, True,
-                        f"current record from {record['device']['name']} (commit {record['commit'][:12]})")
-        problems.append(problem)
-    return Step("gpu-record", family.name, False, "\n".join(problems))
+    verdicts = [(record, record_problem(family, record, current)) for record in cuda]
+    vouching = sorted((r for r, problem in verdicts if problem is None), key=lambda r: records.cross_device(r) != "pass")
+    if not vouching:
+        return Step("gpu-record", family.name, False, "\n".join(problem for _, problem in verdicts))
+    best = vouching[0]
+    lines = [f"{records.device_text(r['device'])}: {problem or 'current, every route passed'}; {cross_device_note(r)}"
+             for r, problem in verdicts]
+    return Step("gpu-record", family.name, True,
+                "\n".join([f"current record from {records.device_text(best['device'])} (commit "
+                           f"{best['commit'][:12]}); {cross_device_note(best)}", *lines]))
 
 
 def _sentinel(*args: str) -> subprocess.CompletedProcess:

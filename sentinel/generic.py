@@ -55,6 +55,11 @@ class Verdict:
         return not self.problems
 
 
+def error_text(exc: BaseException) -> str:
+    """``TypeName: message`` of an exception, as check details show it."""
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
 # ------------------------------------------------------------------------------------------------ tensors
 
 

@@ -448,7 +448,7 @@ def worker(argv: Sequence[str]) -> int:
     import torch
 
     from kernel_sentinel import registry
-    from kernel_sentinel.verify import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
+    from kernel_sentinel.rows import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
 
     (family,) = registry.select([args.family])
     for module in family.source_files():  # import-time lines count for every route

@@ -12,10 +12,17 @@ the check's wall time (kernel compilation included), or null where it was not me
 
 A record, ``traces/verification/<family>-<device slug>.json``::
 
-    {"family", "device": {"type": "cuda"|"cpu", "name"}, "versions": {"torch", "triton", "python"},
+    {"family", "device": {"type": "cuda"|"cpu", "name", "gpus"}, "versions": {"torch", "triton", "python"},
      "commit": <git HEAD>, "sources": {<repo-relative path>: <git blob id>}, "routes": [<route result>]}
 
-written with sorted keys, indent 2 and a trailing newline (a re-record changes at least the ``seconds``).
+written with sorted keys, indent 2 and a trailing newline (a re-record changes at least the ``seconds``). On CUDA
+``gpus`` lists the model of every GPU the run used (``sentinel verify --devices``), and ``name`` is the distinct
+models joined by `` + ``: a record made on four H100s is an H100 record, with the slug and file of a one-GPU H100
+record. Records written before ``gpus`` existed ran on one GPU (:func:`gpus`).
+
+A check that had nothing to check on the machine it ran on passes with a detail starting with
+:data:`NOT_APPLICABLE`; the ``devices`` check does so below two GPUs, and :func:`cross_device` tells a record with
+cross-device evidence from one without.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from typing import Any, Optional, Sequence
 from kernel_sentinel.family import REPO_ROOT, Family
 
 RECORD_DIR = Path("traces") / "verification"
+NOT_APPLICABLE = "not applicable: "  # a passing check's detail starts with it when it had nothing to check
 
 
 def _number(x: Optional[float]) -> Optional[float]:
@@ -144,6 +152,40 @@ def device_slug(device: dict[str, str]) -> str:
     return device["type"] + "-" + re.sub(r"[^a-z0-9]+", "-", device["name"].lower()).strip("-")
 
 
+def gpus(device: dict[str, Any]) -> list[str]:
+    """The model of each GPU a record's (or report's) ``device`` ran on: ``device["gpus"]``, one GPU named
+    ``name`` in records older than that key, none on the CPU."""
+    if device["type"] != "cuda":
+        return []
+    return list(device.get("gpus") or [device["name"]])
+
+
+def device_text(device: dict[str, Any]) -> str:
+    """``device`` in words: its name, with the GPU count when several (``4 x NVIDIA H100 80GB HBM3``)."""
+    count = len(gpus(device))
+    if count < 2:
+        return device["name"]
+    return f"{count} x {device['name']}" if len(set(gpus(device))) == 1 else f"{device['name']} ({count} GPUs)"
+
+
+def cross_device(record: dict[str, Any]) -> str:
+    """What ``record`` says about the ``devices`` check (:mod:`kernel_sentinel.crossdevice`): ``pass`` when it
+    passed on every row with a second GPU, ``fail`` when it failed on some row, the not-applicable detail (e.g.
+    ``not applicable: 1 GPU``) when no row had a second GPU (no evidence), the rows with evidence when only some
+    had, ``not run`` when the record has no such check (older records)."""
+    checks = [c for row in record["routes"] for c in row["checks"] if c["name"] == "devices"]
+    if not checks:
+        return "not run"
+    if any(c["status"] != "pass" for c in checks):
+        return "fail"
+    missing = [c["detail"] for c in checks if c["detail"].startswith(NOT_APPLICABLE)]
+    if not missing:
+        return "pass"
+    if len(missing) == len(checks):
+        return missing[0]
+    return f"pass on {len(checks) - len(missing)}/{len(checks)} rows, {missing[0]} on the others"
+
+
 def versions() -> dict[str, str]:
     import torch
     import triton
@@ -163,7 +205,7 @@ def record_path(family: str, device: dict[str, str]) -> Path:
     return record_dir() / f"{family}-{device_slug(device)}.json"
 
 
-def make_record(family: Family, device: dict[str, str], routes: Sequence[RouteResult]) -> dict[str, Any]:
+def make_record(family: Family, device: dict[str, Any], routes: Sequence[RouteResult]) -> dict[str, Any]:
     """The record of one family's verification on one device (see the module docstring)."""
     return {
         "family": family.name,
@@ -182,14 +224,16 @@ def dumps(obj: Any) -> str:
 
 def merge_record(record: dict[str, Any], order: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """``record`` (rows of some routes and dtypes of a family) joined with the record already saved for the same
-    family and device when that one was made from the same sources with the same software versions: its rows of
+    family and device when that one was made from the same sources with the same software versions on the same
+    GPUs (:func:`gpus`): its rows of
     other (route, dtype) keys are kept, the new rows replace the rest. Otherwise ``record`` alone (the gate then
     names the rows it lacks). Rows follow ``order`` (the family's (route id, dtype) keys). This lets one
     verification be recorded in parts (``sentinel verify --record --route ...``) when a whole run does not fit
     one session on the device."""
     path = record_path(record["family"], record["device"])
     old = load_record(path) if path.exists() else None
-    if old is None or old["sources"] != record["sources"] or old["versions"] != record["versions"]:
+    if old is None or old["sources"] != record["sources"] or old["versions"] != record["versions"] \
+            or gpus(old["device"]) != gpus(record["device"]):
         return record
     new_keys = {row_key(r) for r in record["routes"]}
     rows = {row_key(r): r for r in old["routes"] if row_key(r) not in new_keys}

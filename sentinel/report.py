@@ -1,8 +1,10 @@
 """How verification results are shown and written: a rich progress bar (stderr), a rich table (stdout), the JSON
 report and JUnit XML.
 
-JSON report: ``{"commit", "device": {"type", "name"}, "routes": [<route result, see kernel_sentinel.records>]}``, plus
-``"problems"`` (a list of strings) when a family's declarations are broken. JUnit: one ``testcase`` per route,
+JSON report: ``{"commit", "device": {"type", "name", "gpus"}, "routes": [<route result, see
+kernel_sentinel.records>]}``, plus ``"problems"`` (a list of strings) when a family's declarations are broken;
+``sentinel verify`` adds ``"devices"``: the run's wall time and each device's share of the work
+(:class:`kernel_sentinel.workers.Share`). JUnit: one ``testcase`` per route,
 dtype and check (``classname`` = route id, ``name`` = ``check[dtype]``), and one failing ``testcase`` per problem
 (``classname`` ``sentinel.problems``), so that the JUnit file fails whenever the exit code does.
 """
@@ -18,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kernel_sentinel import console
-from kernel_sentinel.records import CheckResult, RouteResult, dumps
+from kernel_sentinel.records import CheckResult, RouteResult, device_text, dumps
 
 
 def progress_bar() -> Progress:
@@ -93,7 +95,7 @@ def results_table(results: Sequence[RouteResult]) -> Table:
 
 
 def print_results(results: Sequence[RouteResult], problems: Sequence[str], elapsed: float,
-                  device: dict[str, str],
+                  device: dict[str, Any],
                   routing: Callable[[RouteResult, CheckResult], Sequence[str]] = lambda r, c: ()) -> None:
     """The table, then every failing check with its detail, repro command and ``routing(result, check)`` lines
     (the family's failure-mode entries), then a one-line summary."""
@@ -113,11 +115,11 @@ def print_results(results: Sequence[RouteResult], problems: Sequence[str], elaps
     if not results:
         out.print("[bold red]no route ran[/]")
     dtypes = ", ".join(dict.fromkeys(r.dtype for r in results))
-    out.print(f"{len(results)} routes on {device['name']}: {len(results) - failed} passed, {failed} failed "
+    out.print(f"{len(results)} routes on {device_text(device)}: {len(results) - failed} passed, {failed} failed "
               f"in {elapsed:.1f} s (one row per route and dtype: {dtypes or 'none'})", highlight=False)
 
 
-def json_report(results: Sequence[RouteResult], commit: str, device: dict[str, str],
+def json_report(results: Sequence[RouteResult], commit: str, device: dict[str, Any],
                 problems: Sequence[str] = ()) -> dict[str, Any]:
     report: dict[str, Any] = {"commit": commit, "device": dict(device), "routes": [r.as_dict() for r in results]}
     if problems:

@@ -4,8 +4,8 @@ Each tool of :data:`TOOLS` is a separate check of the route: ``memcheck`` (out-o
 accesses), ``racecheck`` (shared-memory hazards), ``initcheck`` (reads of uninitialised global memory),
 ``synccheck`` (invalid barrier use). A check runs ``compute-sanitizer --tool <tool>`` over a fresh
 ``python -m kernel_sentinel.sanitize`` process that runs the route's cases (the ``tiny`` and ``small`` sizes, or
-``tiny`` only with ``--quick``) at one dtype, forward and backward, on the GPU; it passes when the tool reports no
-error and the process exits 0. PyTorch's caching allocator is switched off in that process
+``tiny`` only with ``--quick``) at one dtype, forward and backward, on the GPU (with ``--devices``, the one GPU
+its ``CUDA_VISIBLE_DEVICES`` shows it); it passes when the tool reports no error and the process exits 0. PyTorch's caching allocator is switched off in that process
 (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``) so that an out-of-bounds access cannot land in another tensor's block
 unseen. The tool's findings (its ``=========`` lines, first ones first) are the check's detail.
 
@@ -99,12 +99,15 @@ def verdict(tool: str, returncode: int, output: str) -> tuple[bool, str]:
 
 
 def sanitize_route(family: str, route_id: str, dtype: str, seed: int, quick: bool, repro: str,
-                   tools: Sequence[str] = TOOLS) -> list:
-    """One :class:`~kernel_sentinel.records.CheckResult` per tool for one Triton route at ``dtype``."""
+                   tools: Sequence[str] = TOOLS, visible: Optional[str] = None) -> list:
+    """One :class:`~kernel_sentinel.records.CheckResult` per tool for one Triton route at ``dtype``; ``visible``:
+    the ``CUDA_VISIBLE_DEVICES`` of the route's process (the one GPU it runs on; None: this process's)."""
     from kernel_sentinel.records import CheckResult
 
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     env.pop("TRITON_INTERPRET", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     results = []
     for tool in tools:
         start = time.perf_counter()

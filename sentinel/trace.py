@@ -37,7 +37,7 @@ from provable_kernels.dispatch import Branch, Condition, Node, Path as TreePath,
 from kernel_sentinel import coverage
 from kernel_sentinel import dashboard
 from kernel_sentinel.family import REPO_ROOT, Family, KnownIssue
-from kernel_sentinel.records import blob_ids, git, head_commit, load_record, row_key
+from kernel_sentinel.records import blob_ids, device_text, git, head_commit, load_record, row_key
 from kernel_sentinel.sanitize import is_triton_route
 from kernel_sentinel import registry
 
@@ -481,7 +481,7 @@ def verification(doc: TraceDoc) -> str:
                  "**stale**: recorded on other sources (" + ", ".join(sorted({f"`{p}`" for p, _ in changed})) + ")")
         versions = ", ".join(f"{k} {v}" for k, v in sorted(data["versions"].items()))
         link = doc.link(f"{RECORDS_DIR_NAME}/{record.file.name}")
-        parts.append(f"### {cell(data['device']['name'])} (`{data['device']['type']}`)\n\n"
+        parts.append(f"### {cell(device_text(data['device']))} (`{data['device']['type']}`)\n\n"
                      f"Record [`{record.file.name}`]({link}), commit `{short(data['commit'])}`, {versions}: {state}.")
         by_row = {row_key(r): r for r in data["routes"]}
         declared = [str(d).removeprefix("torch.") for d in doc.family.dtypes]
@@ -549,10 +549,13 @@ def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> s
     statuses = [doc.status([r.id for r in doc.family.routes()], "index.md") for doc in overviews]
     header_row, matrix = dashboard.matrix(statuses)
     return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\nOne row per family and "
-            f"recorded device (a device links to every route below): is it green, and is the record current "
-            f"(**STALE**: made on other sources than today's, so it no longer vouches for the code; the CI gate "
-            f"needs one current GPU record per family, of any GPU model). Coverage: kernel lines reached by the CPU "
-            f"run / lines, clean when every other line is declared unreachable on a CPU.\n\n"
+            f"recorded device, one per GPU model (a device links to every route below): is it green, and is the "
+            f"record current (**STALE**: made on other sources than today's, so it no longer vouches for the code; "
+            f"the CI gate needs one current GPU record per family, of any GPU model). GPUs: how many GPUs of the "
+            f"model the record ran on (`sentinel verify --devices`). Cross-device: the `devices` check (inputs on "
+            f"another GPU than the current one), which only a record made on a host with two GPUs or more gives "
+            f"evidence of. Coverage: kernel lines reached by the CPU run / lines, clean when every other line is "
+            f"declared unreachable on a CPU.\n\n"
             + table(*dashboard.rollup(statuses, "#every-route"))
             + f"\n\n## Every route\n\nEvery route of every family on every "
             f"recorded device (CPU: the Triton interpreter): {', '.join(dashboard.SYMBOL.values())}, with the "

@@ -7,6 +7,16 @@ class is a new specialisation), the longest work of a row. Units are handed out 
 so the results and the record are those of one process (timings aside). The processes are spawned (CUDA cannot
 be forked) and share Triton's on-disk kernel cache: a specialisation one of them compiled, the others load.
 
+``--devices`` pins each worker to one GPU: the parent hands every process a GPU index as it starts (in turn from
+:func:`slots`, ``ceil(J / N)`` processes per GPU), and the worker makes it current (``torch.cuda.set_device``)
+before any CUDA work. The run's device stays ``cuda`` without an index, so cases are built on the current device
+and the results are those of a one-GPU run (only a failing ``devices`` check names the GPUs it compared). Every worker sees every GPU (no per-process
+``CUDA_VISIBLE_DEVICES``): the ``devices`` check needs a second GPU in each worker, and one pool with a GPU per
+process keeps the dynamic hand-out of units. Each unit's result comes back with its GPU and wall time, summed
+into each GPU's :class:`Share`. With one worker in all, the rows run in this process (:func:`verify_here`), its
+GPU made current. ``--sanitize``'s compute-sanitizer processes run in as many threads as there are workers, each
+on a GPU of :func:`slots` (:func:`sanitize_on`).
+
 Families are looked up by name in the workers (:func:`kernel_sentinel.registry.family`, with the parent's
 environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not).
 
@@ -20,40 +30,99 @@ property, or each of the row's other checks, with the reason. The rest of the ro
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
+import os
+import queue
 import sys
 import threading
 import time
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import report, verify
+from kernel_sentinel import report, rows
 from kernel_sentinel.checks import Measurement
 from kernel_sentinel.family import Family
+from kernel_sentinel.generic import error_text
 from kernel_sentinel.records import CheckResult, RouteResult
-from kernel_sentinel.verify import Options, RouteRun, dtype_name
+from kernel_sentinel.rows import INTERPRETER_WARNINGS, Options, RouteRun, dtype_name, verify_route
 
 OTHER_CHECKS = -1  # the unit of a row's checks other than properties; a unit i >= 0 is its i-th property
 STALL_SECONDS = 180.0  # a unit running longer prints its stack once (module docstring)
 Outcome = tuple[Optional[str], list[Measurement], float]  # a property unit's result: note, comparisons, seconds
+Gpu = Optional[int]  # the CUDA device index a worker is pinned to; None: not pinned (the run's device)
 
 _options: Optional[Options] = None  # in a worker process: the parent's options
+_gpu: Gpu = None  # in a worker process: its GPU
 
 
-def _start(options: Options, threads: int) -> None:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def slots(jobs: int, gpus: Sequence[int], units: int) -> list[Gpu]:
+    """The GPU of each worker process, one entry per process: ``jobs`` unpinned ones without ``gpus``, else
+    ``ceil(jobs / len(gpus))`` per GPU (at least one each), the GPUs in turn; never more processes than ``units``
+    (at least one)."""
+    if not gpus:
+        return [None] * max(1, min(jobs, units))
+    per_gpu = max(1, math.ceil(jobs / len(gpus)))
+    return [gpus[i % len(gpus)] for i in range(per_gpu * len(gpus))][:max(1, units)]
+
+
+@dataclasses.dataclass
+class Share:
+    """What one GPU (or the run's device, ``gpu`` None) did: its worker processes, the units of work it ran and
+    their wall time summed, and the routes it ran under compute-sanitizer with their time."""
+
+    gpu: Gpu
+    processes: int = 0
+    units: int = 0
+    seconds: float = 0.0
+    sanitized: int = 0
+    sanitize_seconds: float = 0.0
+
+    def as_dict(self, device: torch.device) -> dict[str, Any]:
+        """The share as the JSON report holds it: ``device`` (``cuda:1``, or the run's device), its GPU model
+        (``name``), and the counts and seconds (rounded to 0.01 s)."""
+        where = device if self.gpu is None else torch.device("cuda", self.gpu)
+        name = torch.cuda.get_device_name(where) if where.type == "cuda" else "CPU (Triton interpreter)"
+        return {"device": str(where), "name": name, "processes": self.processes, "units": self.units,
+                "seconds": round(self.seconds, 2), "sanitized": self.sanitized,
+                "sanitize_seconds": round(self.sanitize_seconds, 2)}
+
+
+def shares(workers: Sequence[Gpu]) -> dict[Gpu, Share]:
+    """An empty :class:`Share` per GPU of ``workers`` (:func:`slots`), with its process count."""
+    return {gpu: Share(gpu, processes=workers.count(gpu)) for gpu in dict.fromkeys(workers)}
+
+
+def _pin(gpu: Gpu) -> None:
+    """Make ``gpu`` the current CUDA device of this process (nothing when None)."""
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+
+
+def _start(options: Options, threads: int, gpus: Any) -> None:
     """Start a worker process: the parent's device (on the CPU the Triton interpreter switch, before any kernel
-    module is imported), options, and ``threads`` CPU threads for torch (the workers share the CPUs)."""
-    global _options
+    module is imported), the next GPU of the queue ``gpus`` made current, options, and ``threads`` CPU threads for
+    torch (the workers share the CPUs)."""
+    global _options, _gpu
     from kernel_sentinel import device
 
     device.prepare(options.device.type)
+    _gpu = gpus.get()
+    _pin(_gpu)
     torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", **verify.INTERPRETER_WARNINGS)
+    warnings.filterwarnings("ignore", **INTERPRETER_WARNINGS)
     _options = options
 
 
@@ -70,13 +139,15 @@ def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
           file=sys.stderr, end="", flush=True)
 
 
-def _run_unit(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
-    """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome)."""
+def _run_unit(family_name: str, route_id: str, dtype: str, unit: int) -> tuple[RouteResult | Outcome, Gpu, float]:
+    """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome), with
+    the worker's GPU and the unit's wall time."""
     watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
     watch.daemon = True
     watch.start()
+    start = time.perf_counter()
     try:
-        return _unit_result(family_name, route_id, dtype, unit)
+        return _unit_result(family_name, route_id, dtype, unit), _gpu, time.perf_counter() - start
     finally:
         watch.cancel()
 
@@ -86,10 +157,10 @@ def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> Rout
 
     family, torch_dtype = registry.family(family_name), getattr(torch, dtype)
     if unit == OTHER_CHECKS:
-        return verify.verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
+        return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
     run = RouteRun(family, route_id, _options, torch_dtype)
     start = time.perf_counter()
-    note, measured = verify.property_outcome(run, verify.route_properties(run)[unit])
+    note, measured = rows.property_outcome(run, rows.route_properties(run)[unit])
     return note, measured, time.perf_counter() - start
 
 
@@ -128,14 +199,14 @@ class _Row:
             outcomes = [self.outcomes[i] for i in range(self.properties)]
             repro = options.repro(self.family.name, self.route_id, self.dtype)
             checks["properties"] = dataclasses.replace(
-                verify.properties_result(run, [(note, measured) for note, measured, _ in outcomes], repro),
+                rows.properties_result(run, [(note, measured) for note, measured, _ in outcomes], repro),
                 seconds=sum(seconds for *_, seconds in outcomes))
         return RouteResult(self.route_id, self.family.name, tuple(checks[c] for c in options.checks),
                            dtype_name(self.dtype))
 
 
 def _rows(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options) -> list[_Row]:
-    return [_Row(family, route_id, dtype, len(verify.route_properties(RouteRun(family, route_id, options, dtype)))
+    return [_Row(family, route_id, dtype, len(rows.route_properties(RouteRun(family, route_id, options, dtype)))
                  if "properties" in options.checks else 0) for family, route_id, dtype in selected]
 
 
@@ -145,37 +216,102 @@ def unit_count(selected: Sequence[tuple[Family, str, torch.dtype]], options: Opt
 
 
 def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
-                        jobs: int) -> list[RouteResult]:
-    """:func:`kernel_sentinel.verify.verify_route` for each selected ``(family, route id, dtype)``, its work
-    spread over ``jobs`` worker processes (at most one per unit); results in the order of ``selected``."""
-    rows = _rows(selected, options)
-    units = [(i, u) for i, row in enumerate(rows) for u in (*range(row.properties), OTHER_CHECKS)]
-    jobs = min(jobs, len(units))
-    threads = max(1, verify.usable_cpus() // jobs)
+                        workers: Sequence[Gpu], done: dict[Gpu, Share]) -> list[RouteResult]:
+    """:func:`kernel_sentinel.rows.verify_route` for each selected ``(family, route id, dtype)``, its work spread
+    over one spawned worker process per entry of ``workers`` (:func:`slots`: the GPU each is pinned to), at most
+    one per unit; results in the order of ``selected``. Each GPU's units and their time are added to ``done``."""
+    pending = _rows(selected, options)
+    units = [(i, u) for i, row in enumerate(pending) for u in (*range(row.properties), OTHER_CHECKS)]
+    workers = list(workers)[:len(units)]
+    threads = max(1, usable_cpus() // len(workers))
+    context = multiprocessing.get_context("spawn")
+    gpus = context.Queue()
+    for gpu in workers:
+        gpus.put(gpu)
     finished = 0
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                               initargs=(options, threads))
+    pool = ProcessPoolExecutor(len(workers), mp_context=context, initializer=_start, initargs=(options, threads, gpus))
+    where = f" on {len(set(workers))} GPUs" if workers[0] is not None else ""
     try:
         with report.progress_bar() as progress:
-            task = progress.add_task(f"verify, {jobs} processes", total=len(units))
-            futures = {pool.submit(_run_unit, rows[i].family.name, rows[i].route_id, dtype_name(rows[i].dtype), u):
-                       (i, u) for i, u in units}
+            task = progress.add_task(f"verify, {len(workers)} processes{where}", total=len(units))
+            futures = {pool.submit(_run_unit, pending[i].family.name, pending[i].route_id,
+                                   dtype_name(pending[i].dtype), u): (i, u) for i, u in units}
             for future in as_completed(futures):
                 i, unit = futures[future]
-                row = rows[i]
+                row = pending[i]
                 try:
-                    row.record(unit, future.result())
+                    value, gpu, seconds = future.result()
+                    done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
+                    row.record(unit, value)
                 except BrokenProcessPool as exc:
                     row.record(unit, row.failed(unit, f"its --jobs worker process died ({exc}); rerun with --jobs 1",
                                                 options))
                 except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
-                    row.record(unit, row.failed(unit, f"its --jobs worker raised {verify.error_text(exc)}", options))
+                    row.record(unit, row.failed(unit, f"its --jobs worker raised {error_text(exc)}", options))
                 progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
                 if row.done() and not row.logged:
                     finished, row.logged = finished + 1, True
-                    report.log_row(row.result(options), finished, len(rows))
+                    report.log_row(row.result(options), finished, len(pending))
     except BaseException:  # e.g. Ctrl-C: do not wait for the queued units
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    return [row.result(options) for row in rows]
+    return [row.result(options) for row in pending]
+
+
+def verify_here(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options, gpu: Gpu,
+                done: dict[Gpu, Share]) -> list[RouteResult]:
+    """:func:`kernel_sentinel.rows.verify_route` for each selected row in this process, ``gpu`` made current
+    first; its units and their time are added to ``done``."""
+    _pin(gpu)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", **INTERPRETER_WARNINGS)
+        results = report.run_with_progress(selected, options, verify_route, options.checks)
+    done[gpu].units += unit_count(selected, options)
+    done[gpu].seconds += time.perf_counter() - start
+    return results
+
+
+def sanitize_on(results: Sequence[RouteResult], sanitize: Callable[[RouteResult, Gpu], RouteResult],
+                workers: Sequence[Gpu], done: dict[Gpu, Share]) -> list[RouteResult]:
+    """``sanitize(result, gpu)`` (the result with its compute-sanitizer checks, or the result itself for a route
+    without them) for each result, in one thread per entry of ``workers``, each job on a GPU no other thread holds
+    more often than ``workers`` lists it; results in order. Each sanitized route and its time are added to its
+    GPU's share in ``done``."""
+    free: queue.Queue = queue.Queue()
+    for gpu in workers:
+        free.put(gpu)
+    lock = threading.Lock()
+
+    def one(item: RouteResult) -> RouteResult:
+        gpu = free.get()
+        start = time.perf_counter()
+        try:
+            result = sanitize(item, gpu)
+        finally:
+            free.put(gpu)
+        if result is not item:
+            with lock:
+                done[gpu].sanitized += 1
+                done[gpu].sanitize_seconds += time.perf_counter() - start
+        return result
+
+    with ThreadPoolExecutor(len(workers)) as pool:
+        return list(pool.map(one, results))
+
+
+def print_shares(spread: dict[str, Any]) -> None:
+    """The table of each GPU's share of a ``--devices`` run (the JSON report's ``devices``: :class:`Share` as a
+    dict per GPU, and the run's wall time), so that a run's scaling with the number of GPUs can be read off."""
+    from rich.table import Table
+
+    from kernel_sentinel import console
+
+    table = Table(title=f"per GPU (wall time {spread['wall_seconds']:.1f} s)")
+    for column in ("device", "GPU", "processes", "units", "busy (s)", "sanitized", "sanitizer (s)"):
+        table.add_column(column, justify="left" if column in ("device", "GPU") else "right")
+    for share in spread["shares"]:
+        table.add_row(share["device"], share["name"], str(share["processes"]), str(share["units"]),
+                      f"{share['seconds']:.1f}", str(share["sanitized"]), f"{share['sanitize_seconds']:.1f}")
+    console.out.print(table)

@@ -327,5 +327,6 @@ def test_the_semicrf_gpu_checks_reach_the_apis_they_use():
     best = triton_ops.partition(checks.call_of(args, "max", "partition"))
     torch.testing.assert_close(best, want.scores, rtol=0, atol=1e-12)
     call = checks.call_of(checks.model(2, 6, 3, 2, CPU, variable=False), "log", "partition")
-    assert triton_ops._forward(triton_ops._plan(call), True, torch.float64).shape == (2,)
+    plan = triton_ops._plan(call)
+    assert triton_ops.partition_runner(plan, True, torch.float64)(*plan.inputs()).shape == (2,)
     assert triton_ops.train_forward(call) is not None

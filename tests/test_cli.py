@@ -14,7 +14,7 @@ import torch
 from kernel_sentinel import device, records, registry
 from kernel_sentinel.cli import main
 from kernel_sentinel.family import REPO_ROOT, FailureMode
-from kernel_sentinel.verify import CHECKS
+from kernel_sentinel.rows import CHECKS
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

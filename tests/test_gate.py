@@ -348,6 +348,36 @@ def test_record_problem_says_what_is_wrong(toy_family, sources, routes, problem)
         assert found.startswith(problem) and found.endswith(gate.RECORD_HINT)
 
 
+def model_record(name: str, gpus: int, sources: dict[str, str], devices_detail: str) -> dict:
+    """A passing record of the conftest toy family from ``gpus`` GPUs of model ``name``."""
+    check = {"name": "devices", "status": "pass", "detail": devices_detail}
+    return {"family": "toy", "device": {"type": "cuda", "name": name, "gpus": [name] * gpus}, "commit": "c" * 40,
+            "sources": sources, "routes": [{"id": route_id, "dtype": "float32", "status": "pass", "checks": [check]}
+                                           for route_id in ("toy.fast", "toy.slow")]}
+
+
+def test_gpu_record_step_says_of_each_models_record_whether_it_is_current(toy_family, monkeypatch) -> None:
+    """Any current passing record passes the step (one with cross-device evidence preferred); the detail has a line
+    per GPU model; a record made on one GPU holds no cross-device evidence and says so."""
+    monkeypatch.setattr(gate.records, "blob_ids", lambda paths: RECORD_SOURCES)
+    h100 = model_record("H100", 4, RECORD_SOURCES, "every input on another GPU than the current one: ...")
+    h200 = model_record("H200", 1, {**RECORD_SOURCES, "kernels/validate.py": "3333"}, "not applicable: 1 GPU")
+    monkeypatch.setattr(gate.records, "load_records", lambda: [h200, h100])
+    step = gate.gpu_record_step(toy_family())
+    no_evidence = ("no cross-device evidence (the devices check was not applicable: 1 GPU; record on a host with two "
+                   "GPUs or more)")
+    assert step.passed and step.detail.splitlines() == [
+        "current record from 4 x H100 (commit cccccccccccc); cross-device check passed",
+        f"H200: kernels/validate.py has changed since the last GPU verification on H200: {gate.RECORD_HINT}; "
+        f"{no_evidence}",
+        "4 x H100: current, every route passed; cross-device check passed"]
+    monkeypatch.setattr(gate.records, "load_records", lambda: [{**h200, "sources": RECORD_SOURCES}])
+    step = gate.gpu_record_step(toy_family())
+    assert step.passed and step.headline == f"current record from H200 (commit cccccccccccc); {no_evidence}"
+    monkeypatch.setattr(gate.records, "load_records", lambda: [h200])
+    assert not gate.gpu_record_step(toy_family()).passed
+
+
 def test_ci_workflow_runs_the_gate_on_kernel_changes() -> None:
     """The example workflow: triggered by kernel and sentinel changes, full history for ``--base``, the gate's
     JUnit report uploaded, the site built strictly."""

@@ -56,15 +56,18 @@ def _segment_inputs(rng: random.Random, big: bool) -> dict:
     N, S = rng.randint(1, 400000 if big else 4000), rng.randint(1, 2000)
     ids = torch.randint(0, S, (N,), device=DEVICE).sort().values
     offsets = torch.searchsorted(ids, torch.arange(S + 1, device=DEVICE))
-    return dict(x=torch.randn(N, 16, device=DEVICE), offsets=offsets)
+    return dict(x=torch.randn(N, 16, device=DEVICE), offsets=offsets, ids=ids, num_segments=S)
 
 
 FAMILIES = {
     "semicrf": Family(_semicrf_inputs, lambda a: semi_crf_streaming_forward(**a), 1, 2),
     "sinkhorn": Family(_sinkhorn_inputs, lambda a: sinkhorn(a["x"], 20, "log"), 1, 2),
     "segment": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "max", offsets=a["offsets"]), 2, 3),
+    "segment-ids": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "sum", ids=a["ids"],
+                                                                    num_segments=a["num_segments"]), 2, 3),
 }
-FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "segment": ("x",)}
+FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "segment": ("x",),
+          "segment-ids": ("x",)}
 
 
 def _with_grad(family: str, inputs: dict) -> dict:

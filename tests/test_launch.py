@@ -118,6 +118,7 @@ def test_a_bound_launch_relaunches_by_alignment_and_device_alone(monkeypatch):
     another alignment or device is another key; profiler hooks send it through the launcher again."""
     device = [0]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0], raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1000 + d, raising=False)
     hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     monkeypatch.setattr(launch, "knobs", types.SimpleNamespace(runtime=hooks))

@@ -1,6 +1,6 @@
-"""The shape every family shares: no import cycle in the kernel library, imports that point down from benchmarks/ to
-sentinel/ to kernels/ (the library, registrations included, never imports its verifier), registration only through
-the registry, and GPU records scoped to exactly what a family imports."""
+"""The shape every family shares: no import cycle in the kernel library nor in sentinel, imports that point down
+from benchmarks/ to sentinel/ to kernels/ (the library, registrations included, never imports its verifier),
+registration only through the registry, and GPU records scoped to exactly what a family imports."""
 from __future__ import annotations
 
 import ast
@@ -17,15 +17,20 @@ from kernel_sentinel import layout, registry
 from kernel_sentinel.family import REPO_ROOT, imported_files
 
 KERNELS = REPO_ROOT / "kernels"
+SENTINEL = REPO_ROOT / "sentinel"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(KERNELS).with_suffix("").parts)
-    return ".".join(["provable_kernels"] + (parts[:-1] if parts[-1] == "__init__" else parts))
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """Every module under ``root`` (the folder that imports as ``package``) by its dotted name."""
+    def name(path: Path) -> str:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        return ".".join([package] + (parts[:-1] if parts[-1] == "__init__" else parts))
+
+    return {name(p): p for p in sorted(root.rglob("*.py"))}
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Modules of ``provable_kernels`` that ``path`` imports anywhere (module top and inside functions); a
+def _imports(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
+    """The ``modules`` that ``path`` (module ``module``) imports anywhere (module top and inside functions); a
     ``from package import name`` counts ``package.name`` when that is a module, else ``package``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -37,41 +42,68 @@ def _imports(path: Path, module: str) -> set[str]:
             if node.level:
                 parent = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{parent}.{base}" if base else parent
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
             continue
-        found.update(n for n in names if n in MODULES)
+        found.update(n for n in names if n in modules and n != module)
     return found
 
 
-MODULES = {_module_name(p): p for p in sorted(KERNELS.rglob("*.py"))}
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Who imports whom among ``modules``. A package's ``__init__`` importing its own submodules is the one edge
+    kind left out (Python runs the package first, so a submodule importing its package's API would otherwise
+    always look like a cycle)."""
+    return {m: {t for t in _imports(p, m, modules) if not (p.name == "__init__.py" and t.startswith(m + "."))}
+            for m, p in modules.items()}
 
 
-def test_kernel_library_has_no_import_cycle():
-    """Every module under kernels/, every import statement (top level and inside functions): the graph is a DAG.
-    A package's ``__init__`` importing its own submodules is the one edge kind left out (Python runs the package
-    first, so a submodule importing its package's API would otherwise always look like a cycle)."""
-    graph = {m: {t for t in _imports(p, m) if not (p.name == "__init__.py" and t.startswith(m + "."))}
-             for m, p in MODULES.items()}
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """An import cycle of ``graph`` as the modules along it, first one repeated at the end; empty when the graph
+    is a DAG."""
     state: dict[str, str] = {}
 
-    def visit(module: str, stack: list[str]) -> None:
+    def visit(module: str, stack: list[str]) -> list[str]:
         state[module] = "open"
         for target in sorted(graph[module]):
             if state.get(target) == "open":
-                cycle = stack[stack.index(target):] + [target]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if target not in state:
-                visit(target, stack + [target])
+                return stack[stack.index(target):] + [target]
+            if target not in state and (found := visit(target, stack + [target])):
+                return found
         state[module] = "done"
+        return []
 
     for module in graph:
-        if module not in state:
-            visit(module, [module])
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return []
+
+
+MODULES = _modules(KERNELS, "provable_kernels")
+
+
+def test_kernel_library_has_no_import_cycle():
+    """Every module under kernels/, every import statement (top level and inside functions): the graph is a DAG."""
+    graph = import_graph(MODULES)
+    assert cycle(graph) == []
     # dispatch's route bodies call the custom ops of autograd, which import both backends at module top
     assert "provable_kernels.semicrf.autograd" in graph["provable_kernels.semicrf.dispatch"]
     assert graph["provable_kernels.semicrf.autograd"] >= {"provable_kernels.semicrf.torch_ops",
                                                           "provable_kernels.semicrf.triton_ops"}
+
+
+def test_sentinel_has_no_import_cycle():
+    """Every module under sentinel/, imports inside functions included: the graph is a DAG (``verify`` and its
+    ``--jobs`` workers both import the row engine, ``rows``, and neither imports the other's caller)."""
+    graph = import_graph(_modules(SENTINEL, "kernel_sentinel"))
+    assert cycle(graph) == []
+    assert "kernel_sentinel.workers" in graph["kernel_sentinel.verify"]
+    assert "kernel_sentinel.rows" in graph["kernel_sentinel.workers"]
+
+
+def test_a_cycle_is_found_with_the_modules_along_it():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert cycle(graph) == ["a", "b", "c", "a"]
+    assert cycle({**graph, "c": {"d"}}) == []
 
 
 def test_library_imports_neither_sentinel_nor_hypothesis():

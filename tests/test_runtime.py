@@ -132,3 +132,67 @@ def test_the_prepared_training_path_is_bitwise_the_custom_ops(entry, domain):
         results.append((out.detach(), torch.autograd.grad((out * weight).sum(), [leaf])[0]))
     assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(results[0], r))
     assert len(entry.cache) == 1
+
+
+def _problem():
+    """A small semi-CRF problem and a segment problem with short and long segments (the interpreter's sizes)."""
+    B, T, K, C = 3, 9, 4, 3
+    cum = torch.randn(B, T + 1, C).cumsum(1)
+    cum[:, 0] = 0
+    crf = (cum, torch.randn(C, C), torch.randn(K, C), torch.tensor([9, 4, 1]), K)
+    offsets = torch.tensor([0, 3, 3, 40, 41, 60])
+    ids = torch.repeat_interleave(torch.arange(5), offsets.diff())
+    return crf, torch.randn(60, 2, 3), offsets, ids
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+def test_segment_direct_runners_are_bitwise_the_full_path(reduce, form):
+    """The direct runners (a repeat call: no call object, no tree walk) of inference and training give the full
+    path's outputs and gradients bitwise, in either index form, for (N, D) and (N, ...) inputs alike."""
+    from provable_kernels.segment import dispatch as segment_dispatch
+    from provable_kernels.segment import segment_reduce
+    from provable_kernels.segment.call import make_call as segment_call
+
+    _, x, offsets, ids = _problem()
+    index = dict(offsets=offsets) if form == "offsets" else dict(ids=ids, num_segments=5)
+    saved = dict(segment_dispatch.REDUCE.cache)
+    segment_dispatch.REDUCE.cache.clear()
+    for shaped in (x, x.reshape(60, 6)):
+        full = segment_dispatch.TREE.dispatch(segment_call("reduce", shaped, reduce, index.get("offsets"),
+                                                           index.get("ids"), index.get("num_segments"), 0.0, True))
+        assert all(torch.equal(segment_reduce(shaped, reduce, **index), full) for _ in range(3))
+        weight = torch.randn(full.shape)
+        results = []
+        for _ in range(3):  # the first call takes the full path, the others the direct runner
+            leaf = shaped.clone().requires_grad_()
+            out = segment_reduce(leaf, reduce, **index)
+            results.append((out.detach(), torch.autograd.grad((out * weight).sum(), [leaf])[0]))
+        assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(results[0], r))
+    mine = list(segment_dispatch.REDUCE.cache.values())
+    segment_dispatch.REDUCE.cache.clear()
+    segment_dispatch.REDUCE.cache.update(saved)
+    assert len(mine) == 4 and all(found[2] is not None for found in mine)  # inference and training, two shapes
+
+
+def test_semicrf_direct_runners_are_bitwise_the_full_path_and_decline_what_they_cannot_take():
+    """Inference and training direct runners give the full path's logZ and gradients bitwise; a call whose tensors
+    the full path must change (a cast to the compute dtype, K above T) gets no direct runner and stays right."""
+    crf, *_ = _problem()
+    cum, trans, dur, lengths, K = crf
+    full = semicrf_dispatch.TREE.dispatch(semicrf_call("partition", *crf, "log", None, None, True))
+    assert all(torch.equal(semicrf_dispatch.semi_crf_streaming_forward(*crf), full) for _ in range(3))
+    results = []
+    for _ in range(3):
+        leaves = [t.clone().requires_grad_() for t in (cum, trans, dur)]
+        logZ = semicrf_dispatch.semi_crf_streaming_forward(*leaves, lengths, K)
+        results.append((logZ.detach(), *torch.autograd.grad((logZ * torch.arange(3.0)).sum(), leaves)))
+    assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(results[0], r))
+    declined = [key for key, found in semicrf_dispatch.PARTITION.cache.items() if found[2] is None]
+    mixed = (cum, trans.double(), dur, lengths, K)  # computed in float64: the full path casts
+    capped = (cum, trans, torch.randn(12, 3), lengths, 12)  # K = 12 > T = 9: the full path drops rows
+    for args in (mixed, capped):
+        want = semicrf_dispatch.TREE.dispatch(semicrf_call("partition", *args, "log", None, None, True))
+        assert all(torch.equal(semicrf_dispatch.semi_crf_streaming_forward(*args), want) for _ in range(2))
+    now = [key for key, found in semicrf_dispatch.PARTITION.cache.items() if found[2] is None]
+    assert len(now) == len(declined) + 2

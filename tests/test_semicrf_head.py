@@ -266,3 +266,17 @@ def test_gold_the_model_forbids_is_an_error():
         head.transition[0, 1] = -math.inf
     with pytest.raises(ValueError, match="forbids"):
         head.compute_loss(hidden_for(head, 1, 3), torch.tensor([3]), torch.tensor([[0, 1, 1]]))
+
+
+@pytest.mark.parametrize("parameter", ["transition", "projection.weight", "projection.bias"])
+def test_a_module_split_over_devices_is_a_named_error(parameter):
+    """A parameter on another device than ``duration_bias`` (the meta device standing in for a second GPU) is a
+    ValueError naming it, before any computation (a multi-GPU model moved in part)."""
+    head = make_head(2, 2, hidden_dim=3)
+    hidden, lengths = hidden_for(head, 2, 4), torch.tensor([4, 4])
+    owner, name = (head.projection, parameter.split(".")[1]) if "." in parameter else (head, parameter)
+    setattr(owner, name, torch.nn.Parameter(getattr(owner, name).detach().to("meta")))
+    for call in (lambda: head(hidden, lengths), lambda: head.decode(hidden, lengths),
+                 lambda: head.compute_loss(hidden, lengths, torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0]]))):
+        with pytest.raises(ValueError, match=rf"^{parameter} must be on cpu \(the device of duration_bias\), got meta"):
+            call()

@@ -223,12 +223,16 @@ def test_trace_commit_check_cycle(repo_copy: Path) -> None:
 
 
 def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_they_differ():
+    """A row per family and device (per dtype where they differ): status, routes passed, whether the record is
+    current, the GPUs it ran on, and its cross-device evidence (none from a record made on one GPU)."""
     from kernel_sentinel import dashboard
 
-    def record(kind, statuses, sources):
-        return {"device": {"type": kind, "name": "Big GPU" if kind == "cuda" else "cpu"}, "commit": "",
+    def record(kind, statuses, sources, gpus=1, devices="not applicable: 1 GPU"):
+        device = {"type": kind, "name": "Big GPU" if kind == "cuda" else "cpu"}
+        checks = [{"name": "devices", "status": "pass", "detail": devices}]
+        return {"device": {**device, "gpus": ["Big GPU"] * gpus} if kind == "cuda" else device, "commit": "",
                 "sources": sources,
-                "routes": [{"id": r, "dtype": d, "status": s, "checks": []} for (r, d), s in statuses.items()]}
+                "routes": [{"id": r, "dtype": d, "status": s, "checks": checks} for (r, d), s in statuses.items()]}
 
     blobs = {"kernels/toy.py": "1"}
     same = {("toy.a", "float32"): "pass", ("toy.a", "float64"): "pass", ("toy.b", "float32"): "pass",
@@ -236,13 +240,14 @@ def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_the
     differ = {**same, ("toy.b", "float64"): "fail"}
     status = dashboard.FamilyStatus("toy", [("toy.a", "toy.md", False), ("toy.b", "toy.md", True)],
                                     [record("cpu", same, blobs), record("cuda", differ, blobs),
-                                     record("cuda", same, {"kernels/toy.py": "0"})], blobs, None)
+                                     record("cuda", same, {"kernels/toy.py": "0"}, 4, "every input ...")], blobs, None)
     header, rows = dashboard.rollup([status], "#every-route")
-    by_device = {row[1]: (row[2], row[3]) for row in rows}
-    assert by_device == {
-        "[CPU (interpreter)](#every-route)": (dashboard.SYMBOL["pass"], "2/2"),
-        "[Big GPU, float32](#every-route)": (dashboard.SYMBOL["pass"], "2/2"),
-        "[Big GPU, float64](#every-route)": (dashboard.SYMBOL["fail"], "1/2"),
-        "[Big GPU](#every-route)": (dashboard.SYMBOL["stale"].replace(" stale", " **STALE**"), "2/2"),
-    }
-    assert header[:4] == ["family", "device", "status", "routes passed"]
+    assert header[:7] == ["family", "device", "status", "routes passed", "current", "GPUs", "cross-device"]
+    current, stale = ":material-check-circle: current", dashboard.SYMBOL["stale"].replace(" stale", " **STALE**")
+    no_evidence = ":material-minus-circle-outline: not applicable: 1 GPU (no evidence)"
+    assert [row[1:7] for row in rows] == [
+        ["[CPU (interpreter)](#every-route)", dashboard.SYMBOL["pass"], "2/2", current, "n/a", "n/a"],
+        ["[Big GPU, float32](#every-route)", dashboard.SYMBOL["pass"], "2/2", current, "1", no_evidence],
+        ["[Big GPU, float64](#every-route)", dashboard.SYMBOL["fail"], "1/2", current, "1", no_evidence],
+        ["[Big GPU](#every-route)", dashboard.SYMBOL["pass"], "2/2", stale, "4", dashboard.SYMBOL["pass"]],
+    ]

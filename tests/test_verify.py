@@ -18,15 +18,16 @@ from kernel_sentinel import records, registry, report
 from kernel_sentinel.checks import compare
 from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
 from kernel_sentinel.generic import GENERIC_CHECKS
-from kernel_sentinel.verify import CHECKS, Options, select_routes, verify_route
+from kernel_sentinel.rows import CHECKS, Options, verify_route
+from kernel_sentinel.verify import select_routes
 
 SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
-# after the generic checks: kernel observed, batch invariance, memory, opcheck (the toy has no Triton kernel and no
-# custom op: observed, memory and opcheck pass as not applicable)
-NEW_CHECKS = ("observed", "batch", "memory", "opcheck")
+# after the generic checks: kernel observed, batch invariance, memory, opcheck, devices (the toy has no Triton kernel
+# and no custom op, and runs on the CPU: observed, memory, opcheck and devices pass as not applicable)
+NEW_CHECKS = ("observed", "batch", "memory", "opcheck", "devices")
 
 
 def statuses(result) -> dict[str, str]:
@@ -404,13 +405,21 @@ def in_process_jobs(monkeypatch, toy_family):
     return family
 
 
+def in_processes(selected, jobs: int = 2):
+    """``workers.verify_in_processes`` of ``selected`` in ``jobs`` unpinned workers, on the CPU."""
+    from kernel_sentinel import workers
+
+    pinned = workers.slots(jobs, (), 100)
+    return workers.verify_in_processes(selected, CPU, pinned, workers.shares(pinned))
+
+
 def test_jobs_assemble_failing_and_raising_properties_as_one_process(in_process_jobs):
     from kernel_sentinel import workers
 
     family = in_process_jobs
     selected = [(family, route_id, dtype) for dtype in family.dtypes for route_id in ("toy.fast", "toy.slow")]
     one = [verify_route(family, route_id, CPU, dtype=dtype) for _, route_id, dtype in selected]
-    assert workers.verify_in_processes(selected, CPU, 2) == one  # CheckResult equality leaves out the seconds
+    assert in_processes(selected) == one  # CheckResult equality leaves out the seconds
     properties = one[1].check("properties")  # toy.slow: the sum property holds, the other two fail
     assert not properties.passed and properties.detail.count("fails; minimal example") == 2
     assert "RuntimeError: no strategy" in properties.detail and "RuntimeError: boom" in properties.detail
@@ -429,7 +438,7 @@ def test_jobs_a_dead_worker_fails_only_what_it_was_running(in_process_jobs, monk
         return run_unit(family_name, route_id, dtype, unit)
 
     monkeypatch.setattr(workers, "_run_unit", dies_on_other_checks)
-    (row,) = workers.verify_in_processes([(family, "toy.slow", torch.float32)], CPU, 2)
+    (row,) = in_processes([(family, "toy.slow", torch.float32)])
     one = verify_route(family, "toy.slow", CPU, dtype=torch.float32)
     assert [c.name for c in row.checks] == list(CHECKS)
     assert row.check("properties") == one.check("properties")  # finished before the crash: kept
@@ -452,7 +461,7 @@ def test_jobs_a_stalled_unit_prints_which_it_is_and_its_stack(in_process_jobs, m
 
     monkeypatch.setattr(workers, "STALL_SECONDS", 0.1)
     monkeypatch.setattr(workers, "_unit_result", stalls_in_other_checks)
-    (row,) = workers.verify_in_processes([(family, "toy.fast", torch.float32)], CPU, 2)
+    (row,) = in_processes([(family, "toy.fast", torch.float32)])
     assert row == verify_route(family, "toy.fast", CPU, dtype=torch.float32)
     err = capsys.readouterr().err
     assert err.count("still running after 0.1 s") == 1, err

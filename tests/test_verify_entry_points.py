@@ -21,7 +21,8 @@ from kernel_sentinel import registry, trace
 from kernel_sentinel.family import REPO_ROOT
 from kernel_sentinel.layout import import_root
 from kernel_sentinel.routes import family_routes
-from kernel_sentinel.verify import Options, select_routes, verify_route
+from kernel_sentinel.rows import Options, verify_route
+from kernel_sentinel.verify import select_routes
 
 SEMICRF = registry.family("semicrf")  # the registry is the only importer of family.py
 

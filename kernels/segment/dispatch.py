@@ -18,7 +18,7 @@ from provable_kernels.dispatch import Branch, Condition, Route, Tree
 from provable_kernels.runtime import Entry
 from provable_kernels.segment import torch_ops, triton_ops
 from provable_kernels.segment.autograd import segment_backward, segment_forward
-from provable_kernels.segment.call import REDUCTIONS, SegmentCall, bind, check, make_call, require_call, runs_triton
+from provable_kernels.segment.call import REDUCTIONS, SegmentCall, bind, check, require_call, runs_triton
 
 
 # ----------------------------------------------------------------------------------------------- conditions
@@ -106,6 +106,65 @@ def triton_train(call: SegmentCall) -> torch.Tensor:
     return _shape(call, out)
 
 
+def _plan(call: SegmentCall, want_arg: bool):
+    """The forward plan of ``call``'s signature for a direct runner, or None (decline) when an index tensor is not
+    contiguous (the kernels read contiguous ones: the full path copies it)."""
+    if any(t is not None and not t.is_contiguous() for t in (call.offsets, call.ids)):
+        return None
+    x2 = _x2(call)
+    return triton_ops.forward_plan(call.rows, call.columns, call.num_segments, x2.dtype, x2.device, call.reduce,
+                                   want_arg and call.reduce in ("max", "min"), call.form == "ids",
+                                   call.form == "ids" and not call.host_checked, x2.stride(), call.empty)
+
+
+def prepare_triton_infer(call: SegmentCall, args: tuple):
+    """The direct runner of :func:`triton_infer` for every call with ``call``'s signature (a function of
+    :func:`segment_reduce`'s arguments): its plan made once, then one allocation and the launches per call."""
+    plan = _plan(call, False)
+    if plan is None:
+        return None
+    if call.x.dim() == 2:  # (N, D) already: no views to make
+        return lambda x, reduce, offsets, ids, *rest: plan.infer(x, offsets, ids)
+    shape = (call.num_segments, *call.x.shape[1:])
+    return lambda x, reduce, offsets, ids, *rest: plan.infer(x.reshape(plan.rows, plan.D), offsets,
+                                                             ids).reshape(shape)
+
+
+class _Prepared(torch.autograd.Function):
+    """The eager training path of one signature: the forward plan, then the backward plan of its upstream
+    gradient's signature (:func:`prepare_triton_train`); the same kernels on the same tensors as the custom ops
+    and their autograd formula, so bitwise the same results."""
+
+    @staticmethod
+    def forward(ctx, x, offsets, ids, plan, reduce):
+        out, arg, csr = plan(x.reshape(plan.rows, plan.D), offsets, ids)
+        ctx.save_for_backward(offsets if ids is None else csr, ids, arg)
+        ctx.plan, ctx.reduce, ctx.x_shape = plan, reduce, x.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        csr, ids, arg = ctx.saved_tensors
+        plan = ctx.plan
+        grad = grad.contiguous()
+        backward = triton_ops.backward_plan(plan.S, plan.D, ctx.x_shape[0], grad.dtype, grad.device,
+                                            ctx.reduce, ids is not None, grad.stride())
+        return backward(grad, csr, ids, arg).reshape(ctx.x_shape), None, None, None, None
+
+
+def prepare_triton_train(call: SegmentCall, args: tuple):
+    """The direct runner of :func:`triton_train` for every call with ``call``'s signature: one autograd function
+    whose forward plan is made once."""
+    plan = _plan(call, True)
+    if plan is None:
+        return None
+    reduce = call.reduce
+    if call.x.dim() == 2:
+        return lambda x, _, offsets, ids, *rest: _Prepared.apply(x, offsets, ids, plan, reduce)
+    shape = (call.num_segments, *call.x.shape[1:])
+    return lambda x, _, offsets, ids, *rest: _Prepared.apply(x, offsets, ids, plan, reduce).reshape(shape)
+
+
 def triton_adjoint(call: SegmentCall) -> torch.Tensor:
     """Triton forward recomputing the first-occurrence arg (nothing saved by the caller), then the Triton backward
     kernel: the same two custom ops as the autograd path, so bitwise equal to it."""
@@ -132,10 +191,10 @@ def _triton_reduce_subtree() -> Branch:
     rows' segments up by form)."""
     def grads(reduce: str) -> Branch:
         return Branch(GRAD, {
-            "infer": Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.infer.{rows}", triton_infer)
-                                   for rows in ROWS.outcomes}),
-            "train": Branch(INDEX, {index: Route(f"segment.triton.{reduce}.train.{index}", triton_train)
-                                    for index in INDEX.outcomes}),
+            "infer": Branch(ROWS, {rows: Route(f"segment.triton.{reduce}.infer.{rows}", triton_infer,
+                                               prepare_triton_infer) for rows in ROWS.outcomes}),
+            "train": Branch(INDEX, {index: Route(f"segment.triton.{reduce}.train.{index}", triton_train,
+                                                 prepare_triton_train) for index in INDEX.outcomes}),
         })
 
     return Branch(REDUCE, {reduce: grads(reduce) for reduce in REDUCTIONS})
@@ -190,8 +249,7 @@ def segment_reduce(
     the device, else PyTorch.
     """
     if ids is not None and num_segments is None:  # S read from the ids' values: not a signature of metadata
-        call = make_call("reduce", x, reduce, offsets, ids, num_segments, empty, use_triton)
-        return validate.poison(call.flag, TREE.dispatch(call))
+        return REDUCE.uncached(x, reduce, offsets, ids, num_segments, empty, use_triton)
     return REDUCE(x, reduce, offsets, ids, num_segments, empty, use_triton)
 
 
@@ -199,7 +257,7 @@ def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
     sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
     num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
     if ids is not None and num_segments is None:  # grad_output is not a tensor: the full path names the error
-        return TREE.dispatch(make_call("adjoint", x, reduce, offsets, ids, None, 0.0, use_triton, grad_output))
+        return ADJOINT.uncached(x, reduce, offsets, ids, None, 0.0, use_triton, grad_output)
     return ADJOINT(x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output)
 
 

@@ -1,24 +1,29 @@
-"""Triton host side of the segment reductions: sizes, allocation, launches.
+"""Triton host side of the segment reductions: sizes, plans, allocation, launches.
 
 ``forward(x2, offsets, ids, S, reduce, empty, want_arg, host_checked) -> (out (S, D), arg, csr)`` and
 ``backward(grad (S, D), csr, ids, arg, reduce, rows) -> grad_x (N, D)``, on a 2-D view ``x2`` (N, D) of ``x``
 (any strides). ``arg`` (S, D) int32 is the row of the first maximum (minimum) per (segment, column), written
 for max / min when ``want_arg`` (-1 for empty segments); it is a (0,) placeholder otherwise. ``csr`` is the (S+1,)
-int32 offsets the forward built from ``ids`` (ids form; the backward reads them), a (0,) placeholder with
+int32 offsets the forward found from ``ids`` (ids form; the backward reads them), a (0,) placeholder with
 ``offsets``. ``host_checked``: the index values were checked on the host (host mode), so the forward skips the
 per-row id check. Every allocation goes through :func:`provable_kernels.alloc.empty`.
 
-Launches per call: forward 1 (offsets, N <= SHORT rows) or 2 (the combine pass, N > SHORT rows: some segment may be
-long), plus 1 with ids (:func:`segment_offsets_kernel` builds the offsets); backward 1. No torch op runs on the
+Each launch configuration is a plan made once per signature (:func:`forward_plan`, :func:`backward_plan`:
+sizes, grids, constexprs and :class:`provable_kernels.launch.Bound` launches), so that a repeat call only allocates
+and launches; the public call's direct runners (``dispatch``) hold their plan.
+
+Launches per call: forward 1 (N <= SHORT rows: no segment can be long) or 2 (the combine pass), in either index
+form (with ids the chunk kernel finds the offsets itself and writes them); backward 1. No torch op runs on the
 device: the value checks are inside the kernels (``triton_segment`` module doc), ``empty`` reaches the kernel as
-two float32 halves, and there is no chunk table (a long chunk's program finds its segment by a binary search).
+two float32 halves, there is no chunk table (a long chunk's program finds its segment by a binary search, or by
+its row's id) and the long chunks' workspace is one allocation.
 
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
-order depends on its own length alone: see ``triton_segment``): tiles of ``CHUNK_TILE`` elements, ``block_d``
-columns by ``lanes`` rows. A short segment (<= ``short_rows`` rows) gets ``short_lanes`` of them (``lanes //
-short_lanes`` segments per program); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power
-of two in [``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of
-``lanes`` lanes per chunk. The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
+order depends on its own length alone: see ``triton_segment``): ``block_d`` columns by some lanes (rows). A short
+segment (<= ``short_rows`` rows) gets ``short_lanes`` lanes, ``short_groups`` segments per program (a tile of
+``CHUNK_TILE`` elements); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power of two in
+[``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of ``lanes``
+lanes per chunk (a tile of ``LONG_TILE`` elements). The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
 elements), the backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
 (:data:`INTERPRETED`), so that small verification cases run every path large GPU problems take (several steps per
 segment, several segments per program, long segments of one and of many chunks, several combine steps).
@@ -35,19 +40,19 @@ import triton.language as tl
 from torch import Tensor
 
 from provable_kernels import alloc
-from provable_kernels.launch import float_halves, launcher
+from provable_kernels.launch import float_halves, launcher, options
 from provable_kernels.segment.triton_segment import (
     segment_backward_kernel,
     segment_chunk_kernel,
     segment_combine_kernel,
-    segment_offsets_kernel,
 )
 
-CHUNK_TILE = 1024  # elements of the chunk kernel's tile (4096 held 144 registers for max: 1.4-2.1x slower)
+CHUNK_TILE = 1024  # elements of a short-segment program's tile (4096 held 144 registers for max: 1.4-2.1x slower)
+LONG_TILE = 1024  # elements of a long chunk's tile
 TILE = 4096  # elements of the combine pass's and the backward's tiles
 MAX_BLOCK_D = 128
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when the backward's rows find their segment
-OFFSETS_BLOCK = 1024  # offsets per program of the ids form's offsets kernel
+WARPS = 4
 REDUCE_CODE = {"sum": 0, "mean": 1, "max": 2, "min": 3}
 
 
@@ -55,8 +60,9 @@ REDUCE_CODE = {"sum": 0, "mean": 1, "max": 2, "min": 3}
 class Sizes:
     """The constexprs of one column block width (module docstring)."""
 
-    lanes: int
+    lanes: int  # of a long chunk
     short_lanes: int
+    short_groups: int
     short_rows: int
     min_chunk: int
     doublings: int
@@ -67,10 +73,6 @@ class Sizes:
     block_d: int
 
     @property
-    def short_groups(self) -> int:
-        return self.lanes // self.short_lanes
-
-    @property
     def max_chunk(self) -> int:
         return self.min_chunk << self.doublings
 
@@ -78,10 +80,11 @@ class Sizes:
 # a GPU: short segments of <= 256 rows, 8 lanes each (a program's steps follow its longest segment: at an average
 # length of 16, 8 lanes x 8 segments waste no more lanes than the old sweep's 4 x 16, and 100-row segments take half
 # the steps), long ones in chunks of 512 .. 4096 rows (about 4096 chunks per segment: one 16M-row segment fills the
-# GPU like many short ones)
-COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=256)
+# GPU like many short ones); the combine pass looks at 8 workspace slots per program (at most 8 long segments, one
+# after the other: 1024 segments of 1024 rows take 512 programs, 256 per program took 4)
+COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=8)
 # the interpreter: 8-row tiles; segments over 8 rows are long, in chunks of 16 or 32 rows (2 chunks at 17-32 rows)
-INTERPRETED = Sizes(lanes=8, short_lanes=2, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
+INTERPRETED = Sizes(lanes=8, short_lanes=2, short_groups=4, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
                     combine_group=4, backward_rows=8, block_d=0)
 
 
@@ -96,8 +99,8 @@ def sizes(D: int, interpreted: bool = False) -> Sizes:
     if interpreted:
         return replace(INTERPRETED, block_d=block_d)
     # verify: unreached (compiled kernels only: CUDA; tests/test_segment.py)
-    return Sizes(lanes=CHUNK_TILE // block_d, combine_lanes=TILE // block_d, backward_rows=TILE // block_d,
-                 block_d=block_d, **COMPILED)
+    return Sizes(lanes=LONG_TILE // block_d, short_groups=CHUNK_TILE // block_d // COMPILED["short_lanes"],
+                 combine_lanes=TILE // block_d, backward_rows=TILE // block_d, block_d=block_d, **COMPILED)
 
 
 def short_rows(device: torch.device) -> int:
@@ -119,68 +122,128 @@ def _acc(dtype: torch.dtype) -> tuple[torch.dtype, object]:
     return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
 
 
-def _offsets_from_ids(ids: Tensor, S: int) -> Tensor:
-    """(S+1,) int32 offsets from sorted ``ids``: one launch."""
-    csr = alloc.empty((S + 1,), dtype=torch.int32, device=ids.device)
-    launcher(segment_offsets_kernel)[(triton.cdiv(S + 1, OFFSETS_BLOCK),)](ids, csr, ids.numel(), S,
-                                                                          BLOCK=OFFSETS_BLOCK)
-    return csr
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a JIT function: a call from Python costs microseconds
+
+
+class ForwardPlan:
+    """The forward launches of one signature (:func:`forward_plan`): ``plan(x2, offsets, ids) -> (out, arg,
+    csr)`` as :func:`forward` returns them, ``plan.infer(x2, offsets, ids) -> out`` without the arg and the
+    placeholders (inference)."""
+
+    __slots__ = ("rows", "S", "D", "dtype", "device", "want_arg", "ids_form", "workspace", "chunk", "combine")
+
+    def __init__(self, N: int, D: int, S: int, dtype: torch.dtype, device: torch.device, reduce: str,
+                 want_arg: bool, ids_form: bool, check_ids: bool, strides: tuple[int, int], empty: float):
+        self.rows, self.S, self.D, self.dtype, self.device = N, S, D, dtype, device
+        self.want_arg, self.ids_form = want_arg, ids_form
+        code = REDUCE_CODE[reduce]
+        acc_torch, acc = _acc(dtype)
+        z = sizes(D, device.type == "cpu")
+        slots = N // z.short_rows if N > z.short_rows else 0  # long chunks' workspace slots (programs)
+        # int32 words: partial values (2 per float64), partial args (max / min), tags
+        self.workspace = slots * (D * ((acc_torch.itemsize // 4) + (code >= 2)) + 1)
+        column_blocks = _cdiv(D, z.block_d)
+        common = dict(SHORT=z.short_rows, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings, TARGET=z.target,
+                      BD=z.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=WARPS)
+        self.chunk = self.combine = None
+        if S and D:
+            short_programs = _cdiv(S, z.short_groups)
+            self.chunk = launcher(segment_chunk_kernel).bind(
+                (slots + short_programs, column_blocks),
+                (N, S, D, slots, short_programs, *strides, *float_halves(empty)),
+                options(SHORT_LANES=z.short_lanes, SHORT_GROUPS=z.short_groups, LANES=z.lanes, IDS=ids_form,
+                        CHECK_IDS=check_ids, **common))
+            if slots:
+                self.combine = launcher(segment_combine_kernel).bind(
+                    (_cdiv(slots, z.combine_group), column_blocks), (N, S, D, slots),
+                    options(GROUP=z.combine_group, LANES=z.combine_lanes, **common))
+
+    def _launch(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor], out: Tensor,
+                arg: Tensor) -> Tensor:
+        """Run the launches into ``out`` (and ``arg``); returns the offsets the kernels used (``csr`` with ids:
+        written here)."""
+        csr = offsets
+        if self.ids_form:
+            csr = alloc.empty((self.S + 1,), dtype=torch.int32, device=self.device)
+            if self.chunk is None:  # no segment: csr = [0] (rows without a segment are a bad index)
+                csr.zero_()
+        if self.chunk is not None:
+            ws = alloc.empty((self.workspace,), dtype=torch.int32, device=self.device) if self.workspace else out
+            self.chunk(x2, csr, ids if self.ids_form else csr, out, arg, ws)
+            if self.combine is not None:
+                self.combine(csr, ws, out, arg)
+        return csr
+
+    def __call__(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        out = alloc.empty((self.S, self.D), dtype=self.dtype, device=self.device)
+        arg = alloc.empty((self.S, self.D) if self.want_arg else (0,), dtype=torch.int32, device=self.device)
+        csr = self._launch(x2, offsets, ids, out, arg)
+        return out, arg, csr if self.ids_form else alloc.empty((0,), dtype=torch.int32, device=self.device)
+
+    def infer(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor]) -> Tensor:
+        out = alloc.empty((self.S, self.D), dtype=self.dtype, device=self.device)
+        self._launch(x2, offsets, ids, out, out)
+        return out
+
+
+@functools.lru_cache(maxsize=256)
+def forward_plan(N: int, D: int, S: int, dtype: torch.dtype, device: torch.device, reduce: str, want_arg: bool,
+                 ids_form: bool, check_ids: bool, strides: tuple[int, int], empty: float) -> ForwardPlan:
+    """The :class:`ForwardPlan` of a signature (memoised): ``want_arg`` for max / min only, ``check_ids``: the
+    kernels check every row's id (ids form, not checked on the host), ``strides`` those of ``x2``."""
+    return ForwardPlan(N, D, S, dtype, device, reduce, want_arg, ids_form, check_ids, strides, empty)
 
 
 def forward(x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor], S: int, reduce: str, empty: float,
             want_arg: bool, host_checked: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Reduce the rows of ``x2`` (N, D) per segment: ``(out (S, D) in x2.dtype, arg, csr)`` (module doc)."""
     N, D = x2.shape
-    device = x2.device
-    want_arg = want_arg and reduce in ("max", "min")
-    out = alloc.empty((S, D), dtype=x2.dtype, device=device)
-    arg = alloc.empty((S, D) if want_arg else (0,), dtype=torch.int32, device=device)
-    if ids is not None:
-        ids = ids.contiguous()
-        csr = csr_out = _offsets_from_ids(ids, S)
-    else:
-        csr, csr_out = offsets.contiguous(), alloc.empty((0,), dtype=torch.int32, device=device)
-    if S == 0 or D == 0:
-        return out, arg, csr_out
-    acc_torch, acc = _acc(x2.dtype)
-    code = REDUCE_CODE[reduce]
-    z = sizes(D, device.type == "cpu")
-    short_programs = triton.cdiv(S, z.short_groups)
-    slots = N // z.short_rows if N > z.short_rows else 0  # long chunks' workspace slots (programs)
-    column_blocks = triton.cdiv(D, z.block_d)
-    part_v = alloc.empty((slots, D), dtype=acc_torch, device=device)
-    part_i = alloc.empty((slots, D) if code >= 2 else (0,), dtype=torch.int32, device=device)
-    tags = alloc.empty((slots,), dtype=torch.int32, device=device)
-    sizes_kw = dict(SHORT=z.short_rows, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings, TARGET=z.target,
-                    BD=z.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc)
-    launcher(segment_chunk_kernel)[(short_programs + slots, column_blocks)](
-        x2, csr, ids if ids is not None else csr, out, arg, part_v, part_i, tags, N, S, D, short_programs,
-        x2.stride(0), x2.stride(1), *float_halves(empty), SHORT_LANES=z.short_lanes, SHORT_GROUPS=z.short_groups,
-        LANES=z.lanes, CHECK_IDS=ids is not None and not host_checked, num_warps=4, **sizes_kw)
-    if slots:
-        launcher(segment_combine_kernel)[(triton.cdiv(S, z.combine_group), column_blocks)](
-            csr, part_v, part_i, tags, out, arg, N, S, D, GROUP=z.combine_group, LANES=z.combine_lanes,
-            num_warps=4, **sizes_kw)
-    return out, arg, csr_out
+    ids_form = ids is not None
+    plan = forward_plan(N, D, S, x2.dtype, x2.device, reduce, want_arg and reduce in ("max", "min"), ids_form,
+                        ids_form and not host_checked, x2.stride(), empty)
+    return plan(x2, None if ids_form else offsets.contiguous(), ids.contiguous() if ids_form else None)
+
+
+class BackwardPlan:
+    """The backward launch of one signature (:func:`backward_plan`): ``plan(grad, csr, ids, arg) -> grad_x``."""
+
+    __slots__ = ("rows", "D", "dtype", "device", "max_min", "ids_form", "launch")
+
+    def __init__(self, S: int, D: int, rows: int, dtype: torch.dtype, device: torch.device, reduce: str,
+                 ids_form: bool, strides: tuple[int, int]):
+        self.rows, self.D, self.dtype, self.device = rows, D, dtype, device
+        code = REDUCE_CODE[reduce]
+        self.max_min, self.ids_form = code >= 2, ids_form
+        self.launch = None
+        if rows and D and S:
+            z = sizes(D, device.type == "cpu")
+            self.launch = launcher(segment_backward_kernel).bind(
+                (_cdiv(rows, z.backward_rows), _cdiv(D, z.block_d)), (rows, D, S, *strides),
+                options(BN=z.backward_rows, BD=z.block_d, BK=BOUNDARY_WINDOW, IDS=ids_form, REDUCE=code,
+                        ACC=_acc(dtype)[1], num_warps=WARPS))
+
+    def __call__(self, grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Tensor]) -> Tensor:
+        gx = alloc.empty((self.rows, self.D), dtype=self.dtype, device=self.device)
+        if self.launch is not None:
+            self.launch(grad, ids if self.ids_form else csr, csr, arg if self.max_min else gx, gx)
+        elif self.rows and self.D:  # rows but no segment: a bad index (host mode raised already)
+            # verify: unreached (device mode: CUDA by default; tests/test_segment.py)
+            gx.fill_(float("nan"))
+        return gx
+
+
+@functools.lru_cache(maxsize=256)
+def backward_plan(S: int, D: int, rows: int, dtype: torch.dtype, device: torch.device, reduce: str, ids_form: bool,
+                  strides: tuple[int, int]) -> BackwardPlan:
+    """The :class:`BackwardPlan` of a signature (memoised); ``strides`` those of the upstream gradient."""
+    return BackwardPlan(S, D, rows, dtype, device, reduce, ids_form, strides)
 
 
 def backward(grad: Tensor, csr: Tensor, ids: Optional[Tensor], arg: Optional[Tensor], reduce: str,
              rows: int) -> Tensor:
     """grad_x (rows, D) in grad.dtype from the upstream gradient ``grad`` (S, D) and the offsets ``csr`` (given, or
     the forward's from ids); max / min need ``arg``."""
-    csr = csr.contiguous()
-    ids = None if ids is None else ids.contiguous()
     S, D = grad.shape
-    gx = alloc.empty((rows, D), dtype=grad.dtype, device=grad.device)
-    if rows == 0 or D == 0:
-        return gx
-    if S == 0:  # rows but no segment: a bad index (host mode raised already)
-        # verify: unreached (device mode: CUDA by default; tests/test_segment.py)
-        return gx.fill_(float("nan"))
-    z = sizes(D, grad.device.type == "cpu")
-    code = REDUCE_CODE[reduce]
-    launcher(segment_backward_kernel)[(triton.cdiv(rows, z.backward_rows), triton.cdiv(D, z.block_d))](
-        grad, ids if ids is not None else csr, csr, arg if code >= 2 else gx, gx, rows, D, S,
-        grad.stride(0), grad.stride(1), BN=z.backward_rows, BD=z.block_d, BK=BOUNDARY_WINDOW, IDS=ids is not None,
-        REDUCE=code, ACC=_acc(grad.dtype)[1], num_warps=4)
-    return gx
+    plan = backward_plan(S, D, rows, grad.dtype, grad.device, reduce, ids is not None, grad.stride())
+    return plan(grad, csr.contiguous(), None if ids is None else ids.contiguous(), arg)

@@ -1,8 +1,11 @@
 """Triton kernels of the segment reductions (``@triton.jit`` code only; host side in ``triton_ops``).
 
 Layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D); ``offsets`` (S+1,) are
-the CSR offsets (given, or built from sorted ``ids`` by :func:`segment_offsets_kernel`). N, S and D are runtime
-arguments; the constexprs depend on D's column block, the dtype and the reduction only (``triton_ops.Sizes``).
+the CSR offsets, given (offsets form) or, with sorted ``ids`` (IDS), found by the chunk kernel itself (a binary search
+per segment bound, :func:`_id_bounds`) and written for the combine pass and the backward. N and S are runtime
+arguments (never compiled in); the constexprs depend on D's column block, the dtype and the reduction only
+(``triton_ops.Sizes``). D and the strides keep Triton's default specialisation (equal to 1, divisible by 16), which
+lets the loads and stores of contiguous rows be vector accesses: a handful of variants per feature size.
 
 A segment's order of operations depends on its own rows alone (batch invariance: the same bits alone or anywhere in
 a batch):
@@ -12,10 +15,13 @@ a batch):
   l, l + SHORT_LANES, ... of its segment, accumulating in registers, then the lanes are merged (:func:`_reduce_lanes`);
 - a *long* segment (more than SHORT rows) is cut from its first row into chunks of :func:`chunk_rows` rows (a power
   of two from its own length). Chunk j of a segment starting at row a is reduced by program a // SHORT + j of the long
-  part of the grid (LANES lanes) into workspace slot a // SHORT + j (a long segment has at most n // SHORT chunks, so
-  slots of different segments never meet): the program finds its segment with a binary search over the offsets
-  (:func:`segment_at`), no chunk table. :func:`segment_combine_kernel` reduces the partials in chunk order with a
-  fixed lane count. No atomics: bitwise repeatable.
+  part of the grid (LANES lanes; the long part comes first in the grid, so that its work, or its idling, overlaps the
+  short segments') into workspace slot a // SHORT + j (a long segment has at most n // SHORT chunks, so slots of
+  different segments never meet): the program finds its segment with a binary search over the offsets
+  (:func:`segment_at`), or as the id of its last row (IDS), no chunk table. :func:`segment_combine_kernel` reduces the
+  partials in chunk order with a fixed lane count. No atomics: bitwise repeatable. The workspace is one int32
+  buffer: the partial values (slots, D) in ACC, the partial args (slots, D) for max / min, the slots' tags
+  (:func:`_workspace`).
 
 Max and min run as a max of ``SIGN * x`` (negation is exact). Every lane keeps the value and the row of its first
 maximum: a later row replaces it only when strictly greater or the first NaN (NaN ranks above every number). Lanes
@@ -39,19 +45,40 @@ from provable_kernels.triton_math import float_scalar
 BIG = tl.constexpr(2147483647)  # larger than every row index and segment id (int32)
 
 
+FAN = tl.constexpr(32)  # probes per step of a search: log32 of the size dependent loads
+
+
+@triton.jit
+def _count_below(ptr, targets, size, STRICT: tl.constexpr):
+    """For each target of the block ``targets`` (M,): how many of ``ptr[0 .. size - 1]`` (sorted) lie below it
+    (STRICT: ``<``) or at or below it (``<=``): a FAN-ary search, FAN probes per step, log_FAN(size + 1) dependent
+    loads (a binary search takes five times as many). Whatever the memory holds (unsorted values in device mode)
+    it reads nothing outside ``ptr[0 .. size - 1]``, ends, and returns a count in 0 .. size. int32 (M,)."""
+    j = tl.arange(0, FAN)
+    lo = (targets * 0).to(tl.int32)  # every element below lo counts, none from hi on
+    hi = lo + size
+    while tl.max(hi - lo, axis=0) > 0:
+        step = (hi - lo + FAN - 1) // FAN
+        at = lo[:, None] + j[None, :] * step[:, None]
+        live = at < hi[:, None]
+        value = tl.load(ptr + at, mask=live, other=0)
+        if STRICT:
+            below = live & (value < targets[:, None])
+        else:
+            below = live & (value <= targets[:, None])
+        c = tl.sum(below.to(tl.int32), axis=1)
+        last = lo + (c - 1) * step  # the last probe that counts
+        lo, hi = tl.where(c > 0, last + 1, lo), tl.where(c > 0, tl.minimum(last + step, hi), lo)
+    return lo
+
+
 @triton.jit
 def segment_at(offsets_ptr, S, row):
-    """The last segment s in 0..S with ``offsets[s] <= row`` (0 when there is none): a binary search, log2(S + 2)
-    dependent loads, never out of bounds whatever the offsets hold (for sorted offsets: the segment holding ``row``,
-    or S past the end)."""
-    lo = tl.full((), 0, tl.int32)
-    hi = S + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        right = tl.load(offsets_ptr + mid) <= row
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(right, hi, mid)
-    return tl.maximum(lo - 1, 0)
+    """The last segment s in 0..S with ``offsets[s] <= row`` (0 when there is none): a FAN-ary search
+    (:func:`_count_below`), never out of bounds whatever the offsets hold (for sorted offsets: the segment holding
+    ``row``, or S past the end)."""
+    count = _count_below(offsets_ptr, tl.zeros([1], tl.int32) + row, S + 1, False)
+    return tl.maximum(tl.max(count, axis=0) - 1, 0)
 
 
 @triton.jit
@@ -65,6 +92,38 @@ def _bounds(offsets_ptr, s, live, N):
 
 
 @triton.jit
+def _id_bounds(ids_ptr, k, N):
+    """(first row whose id is >= k, first row whose id is >= k + 1) for each segment of the block ``k`` (M,), from
+    sorted ``ids`` (:func:`_count_below`), never out of bounds whatever the ids hold. int32."""
+    return _count_below(ids_ptr, k, N, True), _count_below(ids_ptr, k, N, False)
+
+
+@triton.jit
+def _segment_bounds(offsets_ptr, ids_ptr, s, live, N, IDS: tl.constexpr):
+    """(start, end, valid) of segments ``s`` (where ``live``), from the offsets or (IDS) the sorted ids; start = end
+    = 0 where not valid."""
+    if IDS:
+        a, b = _id_bounds(ids_ptr, s, N)
+        valid = live & (a <= b)
+        a, b = tl.where(valid, a, 0), tl.where(valid, b, 0)
+    else:
+        a, b, valid = _bounds(offsets_ptr, s, live, N)
+    return a, b, valid
+
+
+@triton.jit
+def _workspace(ws_ptr, slots, D, ACC: tl.constexpr, REDUCE: tl.constexpr):
+    """The long chunks' workspace, one int32 buffer: (partial values (slots, D) in ACC, partial args (slots, D)
+    int32 (max / min only; sums get none), tags (slots,) int32)."""
+    values = ws_ptr.to(tl.pointer_type(ACC), bitcast=True)
+    args = ws_ptr + slots.to(tl.int64) * D * (2 if ACC == tl.float64 else 1)
+    tags = args
+    if REDUCE >= 2:
+        tags = args + slots.to(tl.int64) * D
+    return values, args, tags
+
+
+@triton.jit
 def _block(flag, like):
     """The scalar boolean ``flag`` as a boolean block shaped like ``like`` (block & scalar gives integers under the
     interpreter, which a mask must not be)."""
@@ -75,6 +134,18 @@ def _block(flag, like):
 def _ends_ok(offsets_ptr, N, S):
     """The offsets start at 0 and end at N."""
     return (tl.load(offsets_ptr) == 0) & (tl.load(offsets_ptr + S) == N)
+
+
+@triton.jit
+def _index_ends_ok(offsets_ptr, ids_ptr, N, S, IDS: tl.constexpr):
+    """The index covers rows 0 .. N - 1: the offsets start at 0 and end at N, or (IDS) no row's id lies below 0
+    or at S and above (the sorted ids' first and last)."""
+    if IDS:
+        first = tl.load(ids_ptr, mask=N > 0, other=0)
+        last = tl.load(ids_ptr + tl.maximum(N - 1, 0), mask=N > 0, other=0)
+        return (N == 0) | ((first >= 0) & (last < S))
+    else:
+        return _ends_ok(offsets_ptr, N, S)
 
 
 @triton.jit
@@ -160,67 +231,61 @@ def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, 
 
 
 @triton.jit
-def _lower_bounds(ids_ptr, k, N, BLOCK: tl.constexpr):
-    """The first row whose id is >= k, for each k (a binary search per lane)."""
-    lo = tl.zeros([BLOCK], tl.int32)
-    hi = tl.zeros([BLOCK], tl.int32) + N
-    more = N > 0
-    while more:
-        active = lo < hi
-        mid = (lo + hi) // 2
-        right = active & (tl.load(ids_ptr + mid, mask=active, other=0) < k)
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(active & ~right, mid, hi)
-        more = tl.max((lo < hi).to(tl.int32), axis=0) > 0
-    return lo
-
-
-@triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
-def segment_offsets_kernel(ids_ptr, offsets_ptr, N, S, BLOCK: tl.constexpr):
-    """CSR offsets from sorted ids: ``offsets[k]`` = the first row whose id is >= k (k in 0..S; a binary search
-    per k, so every entry is written once and nothing is read out of bounds whatever the ids hold)."""
-    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(offsets_ptr + k, _lower_bounds(ids_ptr, k, N, BLOCK), mask=k <= S)
-
-
-@triton.jit
 def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D, stride_xn, stride_xd, empty,
                     ends_ok, cols64, cmask, SHORT: tl.constexpr, SHORT_LANES: tl.constexpr,
                     SHORT_GROUPS: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
-                    ACC: tl.constexpr, CHECK_IDS: tl.constexpr):
-    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones (and the invalid ones, as NaN) write their
-    output; long ones are left to the combine pass."""
-    lane = tl.arange(0, SHORT_GROUPS * SHORT_LANES)
-    s = pid * SHORT_GROUPS + lane // SHORT_LANES
-    a, b, valid = _bounds(offsets_ptr, s, s < S, N)
+                    ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr):
+    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones write their output, the invalid ones NaN,
+    the long ones NaN until the combine pass writes them (a long segment it never reaches, possible only with a bad
+    index, stays NaN). IDS: the group's bounds are written to the offsets (column block 0; segment 0's start by
+    program 0)."""
+    sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
+    ag, bg, valid_g = _segment_bounds(offsets_ptr, ids_ptr, sg, sg < S, N, IDS)
+    if IDS:
+        writes = (sg < S) & _block(tl.program_id(1) == 0, sg)
+        tl.store(offsets_ptr + sg + 1, bg, mask=writes)
+        tl.store(offsets_ptr + sg, ag, mask=writes & (sg == 0))
+    lane = tl.arange(0, SHORT_GROUPS * SHORT_LANES)  # each group's bounds in each of its lanes:
+    a = tl.reshape(tl.broadcast_to(ag[:, None], [SHORT_GROUPS, SHORT_LANES]), [SHORT_GROUPS * SHORT_LANES])
+    b = tl.reshape(tl.broadcast_to(bg[:, None], [SHORT_GROUPS, SHORT_LANES]), [SHORT_GROUPS * SHORT_LANES])
     start = a + lane % SHORT_LANES
     stop = tl.where(b - a <= SHORT, b, start)
-    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, s, start, stop, cols64, cmask, stride_xn, stride_xd,
-                                SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC, False, CHECK_IDS)
-    sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
-    ag, bg, valid_g = _bounds(offsets_ptr, sg, sg < S, N)
+    v, i, wrong = _reduce_lanes(x_ptr, x_ptr, ids_ptr, pid * SHORT_GROUPS + lane // SHORT_LANES, start, stop,
+                                cols64, cmask, stride_xn, stride_xd, SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC,
+                                False, CHECK_IDS)
     length = bg - ag
     bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg)
-    mine = ((sg < S) & (bad | (length <= SHORT)))[:, None] & cmask[None, :]
+    long = ~bad & (length > SHORT)  # written NaN here, then by the combine pass: never left unwritten
+    mine = (sg < S)[:, None] & cmask[None, :]
     value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE)
     value = tl.where((length == 0)[:, None], empty, value)
-    value = tl.where(bad[:, None], float("nan"), value)
+    value = tl.where((bad | long)[:, None], float("nan"), value)
     out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
     tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=mine)
     if STORE_ARG:
-        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad)[:, None], -1, i), mask=mine)
+        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad | long)[:, None], -1, i), mask=mine)
 
 
 @triton.jit
 def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q, N, S, D, stride_xn, stride_xd,
                 cols64, cmask, SHORT: tl.constexpr, LANES: tl.constexpr, MIN_CHUNK: tl.constexpr,
                 DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr,
-                ACC: tl.constexpr, CHECK_IDS: tl.constexpr):
+                ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr):
     """Workspace slot q: chunk q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there is
     one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag is
-    written by every call, so the combine pass never reads a stale one)."""
-    s = segment_at(offsets_ptr, S, (q + 1) * SHORT - 1)
-    a, b, valid = _bounds(offsets_ptr, s, s < S, N)
+    written by every call, so the combine pass never reads a stale one). The segment: a binary search over the
+    offsets, or (IDS) the row's id, clamped into 0 .. S - 1 (its bounds are then checked like any other)."""
+    row = (q + 1) * SHORT - 1
+    if IDS:
+        s = tl.load(ids_ptr + row).to(tl.int32)  # row < N: the grid has N // SHORT long programs
+        s = tl.minimum(tl.maximum(s, 0), tl.maximum(S - 1, 0))
+        a_block, b_block = _id_bounds(ids_ptr, tl.zeros([1], tl.int32) + s, N)
+        a, b = tl.max(a_block, axis=0), tl.max(b_block, axis=0)
+        valid = (s < S) & (a <= b)
+        a, b = tl.where(valid, a, 0), tl.where(valid, b, 0)
+    else:
+        s = segment_at(offsets_ptr, S, row)
+        a, b, valid = _bounds(offsets_ptr, s, s < S, N)
     length = b - a
     rows = chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET)
     j = q - a // SHORT
@@ -239,30 +304,37 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
     tl.store(tag_ptr + q, tl.where(real, s, -1), mask=tl.program_id(1) == 0)
 
 
-@triton.jit(do_not_specialize=("N", "S", "D", "short_programs", "stride_xn", "stride_xd"))
+@triton.jit(do_not_specialize=("N", "S", "long_programs", "short_programs"))  # sizes that change per batch: runtime
 def segment_chunk_kernel(
-    x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr, tag_ptr,
-    N, S, D, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
+    x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, ws_ptr,
+    N, S, D, long_programs, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
     SHORT: tl.constexpr, SHORT_LANES: tl.constexpr, SHORT_GROUPS: tl.constexpr, LANES: tl.constexpr,
     MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
-    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, CHECK_IDS: tl.constexpr,
+    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr,
 ):
-    """Programs 0 .. short_programs - 1 (column block ``program_id(1)``) reduce the short segments
-    (:func:`_short_segments`), the others one chunk of a long segment each (:func:`_long_chunk`). ``empty`` arrives
-    as two float32 halves (:func:`provable_kernels.launch.float_halves`)."""
+    """``long_programs`` programs (N // SHORT workspace slots) reduce one chunk of a long segment each
+    (:func:`_long_chunk`), ``short_programs`` the short segments (:func:`_short_segments`); column block
+    ``program_id(1)``. The two kinds alternate in the grid (the longer list's rest last), so that the long
+    programs' searches, idle ones included, overlap the short ones' streaming. ``empty`` arrives as two float32
+    halves (:func:`provable_kernels.launch.float_halves`)."""
     pid = tl.program_id(0)
+    both = tl.minimum(long_programs, short_programs)
+    alternating = pid < 2 * both
+    is_long = tl.where(alternating, pid % 2 == 0, long_programs > short_programs)
+    index = tl.where(alternating, pid // 2, pid - both)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
-    if pid < short_programs:
-        empty = float_scalar(EMPTY_HI, EMPTY_LO, ACC == tl.float64)
-        _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D, stride_xn, stride_xd, empty,
-                        _ends_ok(offsets_ptr, N, S), cols64, cmask, SHORT, SHORT_LANES, SHORT_GROUPS, BD, REDUCE,
-                        STORE_ARG, ACC, CHECK_IDS)
-    else:
-        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, pid - short_programs, N, S, D,
+    if is_long:
+        part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, long_programs, D, ACC, REDUCE)
+        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, index, N, S, D,
                     stride_xn, stride_xd, cols64, cmask, SHORT, LANES, MIN_CHUNK, DOUBLINGS, TARGET, BD, REDUCE,
-                    ACC, CHECK_IDS)
+                    ACC, IDS, CHECK_IDS)
+    else:
+        empty = float_scalar(EMPTY_HI, EMPTY_LO, ACC == tl.float64)
+        _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, index, N, S, D, stride_xn,
+                        stride_xd, empty, _index_ends_ok(offsets_ptr, ids_ptr, N, S, IDS), cols64, cmask, SHORT,
+                        SHORT_LANES, SHORT_GROUPS, BD, REDUCE, STORE_ARG, ACC, IDS, CHECK_IDS)
 
 
 @triton.jit
@@ -302,27 +374,33 @@ def _pick(values, member, k):
     return tl.sum(tl.where(member == k, values, 0), axis=0)
 
 
-@triton.jit(do_not_specialize=("N", "S", "D"))  # sizes that change per batch compile nothing
+@triton.jit(do_not_specialize=("N", "S", "slots"))  # sizes that change per batch compile nothing
 def segment_combine_kernel(
-    offsets_ptr, part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, N, S, D,
+    offsets_ptr, ws_ptr, out_ptr, arg_ptr, N, S, D, slots,
     GROUP: tl.constexpr, LANES: tl.constexpr, SHORT: tl.constexpr, MIN_CHUNK: tl.constexpr,
     DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Program (p, q) finishes the long segments among p GROUP .. p GROUP + GROUP - 1, one after the other
-    (:func:`_combine_segment`); short ones were written by the chunk kernel."""
+    """Program (p, q) finishes, one after the other (:func:`_combine_segment`), the long segments that start in
+    the rows of workspace slots p GROUP .. p GROUP + GROUP - 1 (slot k: rows k SHORT .. k SHORT + SHORT - 1). A
+    long segment (more than SHORT rows) is the last segment to start in its slot's rows, so each one is found by
+    one search (:func:`segment_at`'s, per slot) and finished by exactly one program, whatever S is; the short ones
+    were written by the chunk kernel (``slots``: its long programs)."""
+    part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, slots, D, ACC, REDUCE)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
     ends_ok = _ends_ok(offsets_ptr, N, S)
     member = tl.arange(0, GROUP)
-    sg = tl.program_id(0) * GROUP + member
-    a, b, valid = _bounds(offsets_ptr, sg, sg < S, N)
-    todo = tl.where(valid & (b - a > SHORT), member, GROUP)
+    slot = tl.program_id(0) * GROUP + member
+    live = slot < slots
+    sg = tl.maximum(_count_below(offsets_ptr, (slot + 1) * SHORT - 1, S + 1, False) - 1, 0)
+    a, b, valid = _bounds(offsets_ptr, sg, live & (sg < S), N)
+    todo = tl.where(valid & (b - a > SHORT) & (a // SHORT == slot), member, GROUP)
     k = _next(todo, GROUP)
     while k < GROUP:
         start = _pick(a, member, k)
-        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, tl.program_id(0) * GROUP + k, start,
+        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, _pick(sg, member, k), start,
                          _pick(b, member, k) - start, D, ends_ok, cols64, cmask, LANES, SHORT, MIN_CHUNK, DOUBLINGS,
                          TARGET, BD, REDUCE, STORE_ARG, ACC)
         todo = tl.where(member == k, GROUP, todo)
@@ -351,7 +429,7 @@ def row_segments(ids_ptr, offsets_ptr, rows, base, last_row, S, IDS: tl.constexp
     return seg
 
 
-@triton.jit(do_not_specialize=("N", "S", "D", "stride_gs", "stride_gd"))  # sizes that change per batch compile nothing
+@triton.jit(do_not_specialize=("N", "S"))  # sizes that change per batch compile nothing
 def segment_backward_kernel(
     g_ptr, ids_ptr, offsets_ptr, arg_ptr, gx_ptr,
     N, D, S, stride_gs, stride_gd,

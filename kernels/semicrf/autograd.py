@@ -179,6 +179,60 @@ def partition(backend: str, call: StreamingCall) -> Tensor:
     return _partition_op(*_args(call), call.semiring, backend)  # compile, fake tensors, verify's opcheck
 
 
+def _direct_plan(call: StreamingCall, args: tuple, training: bool):
+    """The Triton plan of ``call`` when its tensors are the entry point's arguments ``args`` themselves (no cast to
+    the compute dtype, no contiguous copy, K not capped at T), else None: a direct runner takes the arguments as
+    they come."""
+    cum, trans, dur, lengths, _, _, ps, pe, _ = args
+    plan = triton_ops._plan(call, training=training)
+    given = (plan.cum, plan.trans, plan.dur, plan.ps, plan.pe, plan.lengths)
+    same = all(a is b for a, b in zip(given, (cum, trans, dur, ps, pe, lengths)))
+    return plan if same and plan.K == call.K else None
+
+
+def prepare_partition(call: StreamingCall, args: tuple):
+    """The direct runner of :func:`partition` on the Triton backend for every call with ``call``'s signature (a
+    function of ``semi_crf_streaming_forward``'s arguments; None to decline, see :func:`_direct_plan`)."""
+    plan = _direct_plan(call, args, training=False)
+    if plan is None:
+        return None
+    run = triton_ops.partition_runner(plan, call.semiring == "log")
+    return lambda cum, trans, dur, lengths, K, semiring, ps, pe, use_triton: run(cum, trans, dur, ps, pe, lengths)
+
+
+class _PreparedTraining(torch.autograd.Function):
+    """The eager training path of one signature (:func:`prepare_log_partition`): the training launches made once,
+    the same kernels on the same tensors as :data:`_log_forward_op` and its autograd formula, so bitwise the same
+    logZ and gradients. Under ``create_graph`` the backward runs the custom op, which refuses second order."""
+
+    @staticmethod
+    def forward(ctx, cum, trans, dur, ps, pe, lengths, training, K):
+        logZ, saved = training.forward(cum, trans, dur, ps, pe, lengths)
+        ctx.save_for_backward(saved, cum, trans, dur, ps, pe, lengths)
+        ctx.training, ctx.K = training, K
+        return logZ
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, cum, trans, dur, ps, pe, lengths = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the op whose own backward raises SecondOrderError
+            grads = iter(_log_backward_op(cum, trans, dur, lengths, ps, pe, [saved], grad, ctx.K, "triton"))
+            return (next(grads), next(grads), next(grads), None if ps is None else next(grads),
+                    None if pe is None else next(grads), None, None, None)
+        return (*ctx.training.backward(saved, grad), None, None, None)
+
+
+def prepare_log_partition(call: StreamingCall, args: tuple):
+    """The direct runner of :func:`log_partition` on the Triton backend for every call with ``call``'s signature:
+    one autograd function whose forward and backward launches are made once (None to decline)."""
+    plan = _direct_plan(call, args, training=True)
+    if plan is None:
+        return None
+    training = triton_ops.training_runner(plan)
+    return lambda cum, trans, dur, lengths, K, semiring, ps, pe, use_triton: _PreparedTraining.apply(
+        cum, trans, dur, ps, pe, lengths, training, K)
+
+
 def log_partition(backend: str, call: StreamingCall) -> Tensor:
     """logZ (B,) of ``call`` (log semiring), differentiable in each of ``call.tensors`` that requires grad
     (first order)."""

@@ -94,13 +94,13 @@ def triton_viterbi(call: StreamingCall):
     return autograd.viterbi("triton", call)
 
 
-def _partition_subtree(backend: str, infer, log_train, max_train) -> Branch:
+def _partition_subtree(backend: str, infer, log_train, max_train, prepare_infer=None, prepare_train=None) -> Branch:
     return Branch(
         SEMIRING,
         {
-            "log": Branch(GRAD, {"infer": Route(f"semicrf.{backend}.log.infer", infer),
-                                 "train": Route(f"semicrf.{backend}.log.train", log_train)}),
-            "max": Branch(GRAD, {"infer": Route(f"semicrf.{backend}.max.infer", infer),
+            "log": Branch(GRAD, {"infer": Route(f"semicrf.{backend}.log.infer", infer, prepare_infer),
+                                 "train": Route(f"semicrf.{backend}.log.train", log_train, prepare_train)}),
+            "max": Branch(GRAD, {"infer": Route(f"semicrf.{backend}.max.infer", infer, prepare_infer),
                                  "train": Route(f"semicrf.{backend}.max.train", max_train)}),
         },
     )
@@ -114,7 +114,8 @@ TREE = Tree(
             "partition": Branch(
                 BACKEND,
                 {
-                    "triton": _partition_subtree("triton", triton_partition_infer, triton_log_train, triton_max_train),
+                    "triton": _partition_subtree("triton", triton_partition_infer, triton_log_train, triton_max_train,
+                                                 autograd.prepare_partition, autograd.prepare_log_partition),
                     "torch": _partition_subtree("torch", torch_partition_infer, torch_log_train, torch_max_train),
                 },
             ),

@@ -69,12 +69,11 @@ def edges_from_streaming(
     return validate.poison(call.ok, torch.cat([first, edge[:, 1:]], dim=1))
 
 
-def _edge(name: str, edge: object, log_space: bool) -> torch.Tensor:
+def _edge(name: str, edge: object) -> torch.Tensor:
     edge = validate.tensor(name, edge, ndim=5, dtypes=validate.FLOAT_DTYPES)
     B, T, K, C, C2 = edge.shape
     if C2 != C or min(T, K, C) < 1:
         raise ValueError(f"{name} must have shape (B, T, K, C, C) with T, K, C >= 1, got {tuple(edge.shape)}")
-    validate.finite(name, edge, allow_neg_inf=log_space)
     return edge
 
 
@@ -180,14 +179,19 @@ class SemiMarkov:
             if not isinstance(edge, (tuple, list)) or len(edge) != 2:
                 raise TypeError(f"edge must be a pair (edge_p, edge_q) for {self.semiring!r}, "
                                 f"got {type(edge).__name__}")
-            first = _edge("edge[0]", edge[0], log_space)
-            second = _edge("edge[1]", edge[1], log_space)
+            first = _edge("edge[0]", edge[0])
+            second = _edge("edge[1]", edge[1])
             validate.tensor("edge[1]", second, dtypes=(first.dtype,), device=first.device)
             validate.shape("edge[1]", second, first.shape, "like edge[0]")
-            edge = (first, second)
+            edge, named = (first, second), (("edge[0]", first), ("edge[1]", second))
         else:
-            first = edge = _edge("edge", edge, log_space)
+            first = edge = _edge("edge", edge)
+            named = (("edge", first),)
         B, T = first.shape[:2]
+        validate.shape("lengths", validate.tensor("lengths", lengths, ndim=1, dtypes=(torch.int32, torch.int64),
+                                                  device=first.device), (B,), "(B,)")  # metadata before values
+        for name, x in named:
+            validate.finite(name, x, allow_neg_inf=log_space)
         return edge, validate.lengths("lengths", lengths, B, T, first.device).long()
 
     def logpartition(self, edge: Edge, lengths: torch.Tensor) -> torch.Tensor:

@@ -204,6 +204,9 @@ class SemiMarkovCRFHead(nn.Module):
         hidden states, e.g. under ``torch.autocast``, are computed in float32). Value checks join ``checks`` when
         given (else they run now; see the host-sync policy)."""
         device = self.duration_bias.device
+        for name, parameter in self.named_parameters():  # a module split over devices: named, not a RuntimeError
+            if parameter.device != device:
+                raise ValueError(f"{name} must be on {device} (the device of duration_bias), got {parameter.device}")
         hidden = validate.tensor("hidden", hidden, ndim=3, dtypes=HIDDEN_DTYPES, device=device)
         B, T, features = hidden.shape
         if self.projection is not None and not torch.is_autocast_enabled(device.type):

@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -67,7 +67,7 @@ from torch import Tensor
 
 from provable_kernels import alloc, validate
 from provable_kernels.dispatch import triton_usable
-from provable_kernels.launch import Options, launcher, options
+from provable_kernels.launch import Bound, Options, launcher, options
 from provable_kernels.semicrf.call import StreamingCall, pad_duration_rows, require_call
 from provable_kernels.semicrf.structures import ViterbiPath
 from provable_kernels.semicrf.triton_backward import semicrf_scale_kernel, semicrf_train_kernel
@@ -257,22 +257,90 @@ def _require_interpreter(device: torch.device) -> None:
                          f"Triton backend, got {device}")
 
 
-def _forward(plan: _Plan, log: bool, chain: torch.dtype, backpointers: Optional[tuple[Tensor, ...]] = None) -> Tensor:
-    """Run the forward kernel with the chain dtype ``chain`` (module docstring): ⊕_c alpha[L_b, c] (B,) in the
-    input dtype; ``backpointers``: the Viterbi buffers."""
-    out = plan.new(plan.B, dtype=plan.cum.dtype)
-    bp = backpointers if backpointers is not None else (None, None, None)
-    launcher(semicrf_forward_kernel).launch(
-        (plan.B,), (*plan.inputs(), out, *plan.rings(), *bp, *plan.sizes()),
-        plan.options(plan.warps, ("LOG", log), ("WRITE_BP", backpointers is not None), ("CT", chain)))
-    return out
+def _forward_launch(plan: _Plan, log: bool, chain: torch.dtype, backpointers: bool) -> Bound:
+    """The forward kernel's launch for ``plan``'s sizes with the chain dtype ``chain`` (module docstring); its
+    tensors: the inputs, ``out``, the rings and (``backpointers``) the Viterbi buffers."""
+    return launcher(semicrf_forward_kernel).bind(
+        (plan.B,), plan.sizes(), plan.options(plan.warps, ("LOG", log), ("WRITE_BP", backpointers), ("CT", chain)))
+
+
+def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None) -> Callable[..., Tensor]:
+    """``run(cum, trans, dur, ps, pe, lengths) -> (B,)``: :func:`partition` for every call with ``plan``'s sizes,
+    its launch made once (the direct runner of the inference routes, ``dispatch``); ``chain``: another chain dtype
+    than the inference route's (the benchmarks time the float64 chain)."""
+    launch = _forward_launch(plan, log, chain or plan.work_dtype, False)
+    B, dtype, device, work = plan.B, plan.cum.dtype, plan.cum.device, plan.work_dtype
+    ring_shape, trans_3d = (plan.B, plan.ring_size, plan.C), plan.trans_3d
+
+    def run(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
+            lengths: Tensor) -> Tensor:
+        out = alloc.empty((B,), dtype=dtype, device=device)
+        ring = alloc.empty(ring_shape, dtype=torch.float64, device=device)
+        ring_a = alloc.empty(ring_shape, dtype=work, device=device) if trans_3d else None
+        launch(cum, trans, dur, ps, pe, lengths, out, ring, ring_a, None, None, None)
+        return out
+    return run
 
 
 def partition(call: StreamingCall) -> Tensor:
     """logZ (``call.semiring == "log"``) or the best score (``"max"``) per sequence, (B,) in the input dtype.
     No autograd graph. The chain runs in the input dtype (float32 inputs: float32 chain, float64 offsets)."""
     plan = _plan(call)
-    return _forward(plan, call.semiring == "log", plan.work_dtype)
+    return partition_runner(plan, call.semiring == "log")(*plan.inputs())
+
+
+class Training(NamedTuple):
+    """The training launches of one signature (:func:`training_runner`): ``forward(cum, trans, dur, ps, pe,
+    lengths) -> (logZ, saved)`` as :func:`train_forward`, ``backward(saved, grad_logZ) -> (g_cum, g_trans,
+    g_dur, g_ps, g_pe)`` as :func:`backward`."""
+
+    forward: Callable[..., tuple[Tensor, Tensor]]
+    backward: Callable[[Tensor, Tensor], tuple]
+
+
+def training_runner(plan: _Plan) -> Training:
+    """The :class:`Training` launches of ``plan``'s sizes (a training plan: float64 working dtype), made once."""
+    layout = plan.training_layout()
+    train = launcher(semicrf_train_kernel).bind((plan.B,), plan.sizes(),
+                                                plan.options(plan.backward_warps, ("CT", torch.float64)))
+    B, T, C, K, dtype, device = plan.B, plan.T, plan.C, plan.K, plan.cum.dtype, plan.cum.device
+    has_ps, has_pe, trans_3d, K_requested = plan.ps is not None, plan.pe is not None, plan.trans_3d, plan.K_requested
+    W = layout.saved[1][0][1]  # the per-sequence sums' width
+    scales: dict[int, Bound] = {}  # by grad_logZ's stride (0: the expanded gradient of logZ.sum())
+
+    def forward(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
+                lengths: Tensor) -> tuple[Tensor, Tensor]:
+        saved = alloc.empty((layout.saved_numel,), dtype=torch.float64, device=device)  # every element written
+        g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
+        g_ps = proj.pop(0) if has_ps else None
+        g_pe = proj.pop(0) if has_pe else None
+        alpha_a, alpha_A, ring, *ring_a = _views(alloc.empty((layout.scratch_numel,), dtype=torch.float64,
+                                                             device=device), layout.scratch)  # FT = float64 here
+        logZ = alloc.empty((B,), dtype=dtype, device=device)
+        train(cum, trans, dur, ps, pe, lengths, logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum,
+              g_ps, g_pe, g_dur, parts)
+        return logZ, saved
+
+    def backward(saved: Tensor, grad_logZ: Tensor) -> tuple:
+        unit_cum, parts, *proj, _ = _views(saved, layout.saved)
+        unit_ps = proj.pop(0) if has_ps else None
+        unit_pe = proj.pop(0) if has_pe else None
+        g_cum = alloc.empty((B, T + 1, C), dtype=dtype, device=device)
+        g_ps = alloc.empty((B, T, C), dtype=dtype, device=device) if has_ps else None
+        g_pe = alloc.empty((B, T, C), dtype=dtype, device=device) if has_pe else None
+        g_trans = alloc.empty((K, C, C) if trans_3d else (C, C), dtype=dtype, device=device)
+        g_dur = alloc.empty((K, C), dtype=dtype, device=device)
+        stride = grad_logZ.stride(0)
+        scale = scales.get(stride)
+        if scale is None:
+            scale = scales[stride] = launcher(semicrf_scale_kernel).bind(
+                (B + -(-W // SCALE_BLOCK),), (B, (T + 1) * C, T * C, W, W - K * C, stride),
+                options(HAS_PS=has_ps, HAS_PE=has_pe, BLOCK=SCALE_BLOCK))
+        scale(unit_cum, unit_ps, unit_pe, parts, grad_logZ, g_cum, g_ps, g_pe, g_trans, g_dur)
+        if trans_3d:
+            g_trans = pad_duration_rows(g_trans, K_requested)
+        return g_cum, g_trans, pad_duration_rows(g_dur, K_requested), g_ps, g_pe
+    return Training(forward, backward)
 
 
 def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
@@ -282,18 +350,7 @@ def train_forward(call: StreamingCall) -> tuple[Tensor, Tensor]:
     chain) keeping alpha at every position, then the outside recursion over it, and writes every element of
     ``saved`` (zeros past each sequence's length)."""
     plan = _plan(call, "log", training=True)
-    layout = plan.training_layout()
-    saved = plan.new(layout.saved_numel, dtype=torch.float64)  # every element written by the kernel
-    g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
-    g_ps = proj.pop(0) if plan.ps is not None else None
-    g_pe = proj.pop(0) if plan.pe is not None else None
-    alpha_a, alpha_A, ring, *ring_a = _views(plan.new(layout.scratch_numel, dtype=torch.float64),
-                                             layout.scratch)  # FT = float64 here
-    logZ = plan.new(plan.B, dtype=plan.cum.dtype)
-    launcher(semicrf_train_kernel).launch(
-        (plan.B,), (*plan.inputs(), logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum, g_ps, g_pe,
-                    g_dur, parts, *plan.sizes()), plan.options(plan.backward_warps, ("CT", torch.float64)))
-    return logZ, saved
+    return training_runner(plan).forward(*plan.inputs())
 
 
 def backward(call: StreamingCall, saved: Tensor, grad_logZ: Tensor) -> tuple:
@@ -303,27 +360,11 @@ def backward(call: StreamingCall, saved: Tensor, grad_logZ: Tensor) -> tuple:
     sequence's rows by grad_logZ[b] and sums the transition and duration-bias parts weighted by it over the batch
     in a fixed order (float64: deterministic), stored in the input dtype."""
     plan = _plan(call, "log", training=True)
-    B, T, C, K, dtype = plan.B, plan.T, plan.C, plan.K, plan.cum.dtype
     grad_logZ = validate.tensor("grad_logZ", grad_logZ, ndim=1, dtypes=validate.FLOAT_DTYPES, device=plan.cum.device)
-    validate.shape("grad_logZ", grad_logZ, (B,), "(B,)")
-    layout = plan.training_layout()
+    validate.shape("grad_logZ", grad_logZ, (plan.B,), "(B,)")
     validate.tensor("saved", saved, ndim=1, dtypes=(torch.float64,), device=plan.cum.device)
-    validate.shape("saved", saved, (layout.saved_numel,), "(n,) from train_forward")
-    unit_cum, parts, *proj, _ = _views(saved, layout.saved)
-    unit_ps = proj.pop(0) if plan.ps is not None else None
-    unit_pe = proj.pop(0) if plan.pe is not None else None
-    g_cum = plan.new(B, T + 1, C, dtype=dtype)
-    g_ps = plan.new(B, T, C, dtype=dtype) if unit_ps is not None else None
-    g_pe = plan.new(B, T, C, dtype=dtype) if unit_pe is not None else None
-    g_trans = plan.new(*((K, C, C) if plan.trans_3d else (C, C)), dtype=dtype)
-    g_dur = plan.new(K, C, dtype=dtype)
-    W = parts.shape[1]
-    launcher(semicrf_scale_kernel)[(B + triton.cdiv(W, SCALE_BLOCK),)](
-        unit_cum, unit_ps, unit_pe, parts, grad_logZ, g_cum, g_ps, g_pe, g_trans, g_dur, B, (T + 1) * C, T * C, W,
-        W - K * C, grad_logZ.stride(0), HAS_PS=g_ps is not None, HAS_PE=g_pe is not None, BLOCK=SCALE_BLOCK)
-    if plan.trans_3d:
-        g_trans = pad_duration_rows(g_trans, plan.K_requested)
-    return g_cum, g_trans, pad_duration_rows(g_dur, plan.K_requested), g_ps, g_pe
+    validate.shape("saved", saved, (plan.training_layout().saved_numel,), "(n,) from train_forward")
+    return training_runner(plan).backward(saved, grad_logZ)
 
 
 def viterbi(call: StreamingCall) -> ViterbiPath:
@@ -333,7 +374,9 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     bp_dur = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     last_label = plan.new(plan.B, dtype=torch.int32)
-    scores = _forward(plan, False, torch.float64, backpointers=(bp_dur, bp_prev, last_label))
+    scores = plan.new(plan.B, dtype=plan.cum.dtype)
+    _forward_launch(plan, False, torch.float64, True)(*plan.inputs(), scores, *plan.rings(), bp_dur, bp_prev,
+                                                     last_label)
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,

@@ -56,17 +56,18 @@ def triton_infer(call: SinkhornCall) -> torch.Tensor:
         return autograd.sinkhorn_forward(call.x, call.iters, call.domain, call.eps)
 
 
-def prepare_triton_infer(call: SinkhornCall):
-    """:func:`triton_infer` for every call with ``call``'s signature, its launch made once."""
+def prepare_triton_infer(call: SinkhornCall, args: tuple):
+    """The direct runner of :func:`triton_infer` for every call with ``call``'s signature (a function of
+    :func:`sinkhorn`'s arguments), its launch made once."""
     forward = autograd.prepare_forward(call.x, call.iters, call.domain, call.eps)
-    return lambda call: forward(call.x)
+    return lambda x, *settings: forward(x)
 
 
-def prepare_triton_train(call: SinkhornCall):
-    """:func:`triton_train` for every call with ``call``'s signature: one autograd function, both launches made
-    once."""
+def prepare_triton_train(call: SinkhornCall, args: tuple):
+    """The direct runner of :func:`triton_train` for every call with ``call``'s signature: one autograd function,
+    both launches made once."""
     train = autograd.prepare_train(call.x, call.iters, call.domain, call.eps)
-    return lambda call: train(call.x)
+    return lambda x, *settings: train(x)
 
 
 def triton_train(call: SinkhornCall) -> torch.Tensor:
