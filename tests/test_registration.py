@@ -12,7 +12,7 @@ import torch
 
 from kernel_sentinel import registration
 from kernel_sentinel.family import Case, Problem
-from kernel_sentinel.verify import Options, verify_route
+from kernel_sentinel.rows import Options, verify_route
 
 CPU = torch.device("cpu")
 REGISTRATION = '''
