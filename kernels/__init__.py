@@ -11,8 +11,11 @@ Each family lives in one package with the same files (the site page "The family 
 - ``family.py``: the registration with sentinel (cases per route, references, tolerances, invariants); with
   several decision trees, one part per tree in ``family_<tree>.py``.
 
-Shared pieces: :mod:`provable_kernels.dispatch` (trees and route recording), :mod:`provable_kernels.validate`
-(argument checks), :mod:`provable_kernels.semiring` (semirings for the exact backends),
-:mod:`provable_kernels.triton_math` (-inf-safe reductions for Triton kernels), :mod:`provable_kernels.alloc`
-(allocation of kernel outputs), :mod:`provable_kernels.custom_ops` (custom ops with an eager fast path).
+Shared pieces, each used by every family: :mod:`provable_kernels.dispatch` (trees and route recording),
+:mod:`provable_kernels.runtime` (the host path: validation once per call signature, direct runners),
+:mod:`provable_kernels.launch` (the launch cache), :mod:`provable_kernels.validate` (argument checks and the
+value-check policy), :mod:`provable_kernels.triton_math` (-inf-safe reductions for Triton kernels),
+:mod:`provable_kernels.alloc` (allocation of kernel outputs), :mod:`provable_kernels.custom_ops` (custom ops with an
+eager fast path). What one family alone uses lives in its package (the semi-CRF's semirings and fused value
+checks).
 """

@@ -103,7 +103,7 @@ def moved_case(case: Case, device: torch.device, placement: Placement = CUDA) ->
     """``case`` with every argument and upstream weight on ``device`` (see :func:`_moved`)."""
     return dataclasses.replace(
         case, kwargs={name: _moved(value, device, placement) for name, value in case.kwargs.items()},
-        upstream={name: _moved(w, device, placement) for name, w in case.upstream.items()},
+        upstream={name: _moved(w, device, placement) for name, w in case.upstream.items()}, device=device,
         description=f"{case.description}; every input on {device}")
 
 

@@ -1,11 +1,12 @@
-"""provable_kernels.fused_checks: every value check of a call in one Triton launch (under the interpreter here),
+"""provable_kernels.semicrf.fused_checks: every value check of a call in one Triton launch (under the interpreter here),
 and the semi-CRF calls that use it: the same decisions and named errors as one reduction per check."""
 import math
 
 import pytest
 import torch
 
-from provable_kernels import fused_checks, validate
+from provable_kernels import validate
+from provable_kernels.semicrf import fused_checks
 from provable_kernels.semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 from conftest import semicrf_case
 

@@ -1,6 +1,7 @@
 """The shape every family shares: no import cycle in the kernel library nor in sentinel, imports that point down
 from benchmarks/ to sentinel/ to kernels/ (the library, registrations included, never imports its verifier),
-registration only through the registry, and GPU records scoped to exactly what a family imports."""
+registration only through the registry, shared modules that serve several families, and GPU records scoped to
+exactly what a family imports."""
 from __future__ import annotations
 
 import ast
@@ -201,6 +202,18 @@ def test_source_files_follow_imports_not_a_glob():
                    "kernels/triton_math.py", "kernels/dispatch.py", "kernels/validate.py", "kernels/__init__.py"):
         assert wanted in sources
     assert not any(s.startswith(("kernels/sinkhorn/", "kernels/segment/")) for s in sources)
+
+
+def test_every_shared_module_serves_at_least_two_families():
+    """A module at the top of ``kernels/`` is shared: at least two families import it (directly or through
+    another module); what one family alone uses lives in that family's package."""
+    families = registry.families()
+    for module in sorted(KERNELS.glob("*.py")):
+        if module.name == "__init__.py":
+            continue
+        path = module.relative_to(REPO_ROOT).as_posix()
+        users = [f.name for f in families if path in {p.as_posix() for p in f.source_files()}]
+        assert len(users) >= 2, f"{path} is used by {users or 'no family'}: move it into its family, or delete it"
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semiring import Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max
+from provable_kernels.semicrf.semiring import Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max
 from provable_kernels.semicrf import oracle
 
 F64 = torch.float64

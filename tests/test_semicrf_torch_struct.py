@@ -17,7 +17,7 @@ import torch
 torch_struct = pytest.importorskip("torch_struct")
 
 from provable_kernels.semicrf import SemiMarkov, edges_from_streaming, oracle  # noqa: E402
-from provable_kernels.semiring import Log, Max  # noqa: E402
+from provable_kernels.semicrf.semiring import Log, Max  # noqa: E402
 
 TS_VERSION = importlib.metadata.version("torch-struct")
 TS_SEMIRINGS = {"log": torch_struct.LogSemiring, "max": torch_struct.MaxSemiring}

@@ -19,7 +19,7 @@ from provable_kernels import validate
 from provable_kernels.semicrf import SemiMarkov, SemiMarkovCRFHead, autograd, edges_from_streaming
 from provable_kernels.semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 from provable_kernels.semicrf.structures import Segment, ViterbiResult
-from provable_kernels.semiring import KMaxSemiring, Log, LogSemiring, MaxSemiring
+from provable_kernels.semicrf.semiring import KMaxSemiring, Log, LogSemiring, MaxSemiring
 
 BACKENDS = [pytest.param(True, id="triton"), pytest.param(False, id="torch")]
 # fullgraph=True fails on any graph break whatever the backend; "aot_eager" traces forward and backward through

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from provable_kernels.semiring import (Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max, Semiring,
+from provable_kernels.semicrf.semiring import (Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max, Semiring,
                               logsumexp)
 
 F64 = torch.float64

@@ -26,7 +26,8 @@ from typing import Optional
 
 import torch
 
-from provable_kernels import fused_checks, validate
+from provable_kernels import validate
+from provable_kernels.semicrf import fused_checks
 from provable_kernels.dispatch import triton_usable
 
 SCORE_NAMES = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end")
@@ -119,7 +120,7 @@ def bind_scores(meta: tuple, cum_scores, transition, duration_bias, lengths, pro
 
     ``use_triton``: the caller allows the Triton kernels. Where they run (:func:`triton_runs`) they check the
     values of each sequence themselves (a failed check makes that sequence's output NaN, lengths clamped), so
-    device mode adds nothing here; host mode runs every check in one launch (:mod:`provable_kernels.fused_checks`)
+    device mode adds nothing here; host mode runs every check in one launch (:mod:`provable_kernels.semicrf.fused_checks`)
     and, on a failure, again per argument for the named error."""
     dtype, K, cast = meta
     device, T1, C = cum_scores.device, cum_scores.shape[1], cum_scores.shape[2]

@@ -1,4 +1,4 @@
-"""Exact semi-CRF backend on a pre-built edge tensor, for every semiring of :mod:`provable_kernels.semiring`.
+"""Exact semi-CRF backend on a pre-built edge tensor, for every semiring of :mod:`provable_kernels.semicrf.semiring`.
 
 Edge layout (one meaning everywhere: :func:`edges_from_streaming`, :class:`SemiMarkov`, the oracle's
 ``all_scores_from_edges``):
@@ -25,7 +25,7 @@ import torch
 from provable_kernels import validate
 from provable_kernels.semicrf.call import check_scores
 from provable_kernels.dispatch import Branch, Condition, Route, Tree
-from provable_kernels.semiring import Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max, Semiring
+from provable_kernels.semicrf.semiring import Counting, CrossEntropy, Entropy, KLDivergence, KMax, Log, Max, Semiring
 
 Edge = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 

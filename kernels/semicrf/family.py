@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from provable_kernels import semiring as semirings
+from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import autograd, oracle, torch_ops
 from provable_kernels.semicrf.call import make_call
 from provable_kernels.semicrf.dispatch import TREE, semi_crf_streaming_forward, semi_crf_viterbi

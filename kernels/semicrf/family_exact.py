@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from provable_kernels import semiring as semirings
+from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE as TREE
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming

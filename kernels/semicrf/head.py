@@ -31,7 +31,7 @@ from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_c
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
 from provable_kernels.semicrf.scoring import check_segmentation, label_starts, segmentation_score
 from provable_kernels.semicrf.structures import ViterbiResult
-from provable_kernels.semiring import Counting, Entropy, KMax, Log, Max, Semiring
+from provable_kernels.semicrf.semiring import Counting, Entropy, KMax, Log, Max, Semiring
 
 DEFAULT_EXACT_MAX_BYTES = 256 * 2**20  # 256 MiB
 STREAMING_SEMIRINGS = ("log", "max")
