@@ -17,6 +17,7 @@ from conftest import SEMICRF_TENSORS as NAMES
 from conftest import SemiCRFCase as Case
 from conftest import semicrf_case as make_case
 from conftest import with_zero_row
+from provable_kernels.semicrf import semi_crf_streaming_forward
 from provable_kernels.dispatch import recording
 from provable_kernels.semicrf.dispatch import semi_crf_viterbi
 from provable_kernels.semicrf import oracle
@@ -258,3 +259,25 @@ def test_property_log_and_max_match_oracle(T, K, C, trans3d, proj_start, proj_en
     assert_close(logZ, torch.tensor(oracle.log_partition(scored), dtype=torch.float64), rtol=1e-12)
     assert_close(best, torch.tensor([s for _, s in oracle.best(scored)], dtype=torch.float64), rtol=1e-12)
     assert (logZ >= best).all()
+
+
+def test_rows_past_a_length_get_positive_zero_gradients_whatever_the_neighbours():
+    """The PyTorch backward computes rows past a sequence's length when a longer neighbour shares the batch (zero
+    times a negative weight is -0.0 there): every such row is +0.0, so a sequence's gradients are bitwise the same
+    alone and in the batch."""
+    torch.manual_seed(0)
+    C, K, T = 3, 2, 6
+    cum = torch.randn(2, T + 1, C).cumsum(1)
+    cum[:, 0] = 0
+    trans, dur, ps = torch.randn(C, C), torch.randn(K, C), torch.randn(2, T, C)
+
+    def gradients(rows, lengths, weights):
+        leaves = [cum[rows].clone().requires_grad_(), ps[rows].clone().requires_grad_()]
+        out = semi_crf_streaming_forward(leaves[0], trans, dur, lengths, K, proj_start=leaves[1], use_triton=False)
+        return torch.autograd.grad((out * weights).sum(), leaves)
+
+    alone = gradients([0], torch.tensor([3]), torch.tensor([-1.0]))
+    batch = gradients([0, 1], torch.tensor([3, 6]), torch.tensor([-1.0, 0.5]))
+    for a, b in zip(alone, batch):
+        assert torch.equal(a[0], b[0]) and torch.equal(torch.signbit(a[0]), torch.signbit(b[0]))
+    assert not torch.signbit(batch[0][0, 4:]).any() and not torch.signbit(batch[1][0, 3:]).any()

@@ -226,9 +226,14 @@ class _Outside:
         """(g_cum, g_trans, g_dur, g_ps, g_pe) shaped like the call's tensors, in the input dtype."""
         dtype = call.cum_scores.dtype
         g_trans = self.trans.sum(0) if self.x.trans_2d is not None else pad_duration_rows(self.trans, call.K)
+        # a sequence's rows past its length are +0.0, whatever its neighbours' lengths made the batch compute there
+        # (zero times a negative weight is -0.0): batch invariance, bitwise
+        position = torch.arange(self.x.T + 1, device=call.cum_scores.device)
+        inside = position[None, :, None] <= call.lengths.to(position.device)[:, None, None]
         g_ps = self.starts[:, :-1] if call.proj_start is not None else None
         g_pe = self.ends[:, 1:] if call.proj_end is not None else None
-        grads = (self.ends - self.starts, g_trans, pad_duration_rows(self.dur, call.K), g_ps, g_pe)
+        past = tuple(None if g is None else torch.where(inside[:, 1:], g, 0.0) for g in (g_ps, g_pe))
+        grads = (torch.where(inside, self.ends - self.starts, 0.0), g_trans, pad_duration_rows(self.dur, call.K), *past)
         return tuple(None if g is None else g.to(dtype) for g in grads)  # type: ignore[return-value]
 
 
