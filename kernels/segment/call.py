@@ -102,7 +102,7 @@ def _count(name: str, value: object) -> int:
 
 def _offsets_of(ids: torch.Tensor, S: int) -> torch.Tensor:
     """CSR offsets (S+1,) of sorted ``ids`` (PyTorch backend)."""
-    return torch.searchsorted(ids, torch.arange(S + 1, device=ids.device, dtype=ids.dtype))
+    return torch.searchsorted(ids.contiguous(), torch.arange(S + 1, device=ids.device, dtype=ids.dtype))
 
 
 def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:

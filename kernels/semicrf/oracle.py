@@ -69,7 +69,10 @@ def score(
     proj_start: Optional[torch.Tensor] = None,
     proj_end: Optional[torch.Tensor] = None,
 ) -> float:
-    """Score of one segmentation for one sequence (unbatched tensors: cum (T+1, C), transition (C, C) or (K, C, C))."""
+    """Score of one segmentation for one sequence (unbatched tensors: cum (T+1, C), transition (C, C) or (K, C, C)):
+    a Python float, no gradient."""
+    cum_scores, transition, duration_bias, proj_start, proj_end = (
+        None if x is None else x.detach() for x in (cum_scores, transition, duration_bias, proj_start, proj_end))
     cum = cum_scores.double().tolist()
     total = 0.0
     prev = None
