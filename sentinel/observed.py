@@ -1,7 +1,8 @@
 """The ``observed`` check: the route's checks see every Triton kernel it launches.
 
-Every Triton launch of the library goes through :meth:`provable_kernels.launch.Launcher.launch`. The check runs
-the route's case once with that method recording which kernels launch (:func:`kernel_launches`), then, for each
+Every Triton launch of the library goes through :meth:`provable_kernels.launch.Launcher.launch` or, prepared once
+per signature, :class:`provable_kernels.launch.Bound` (whose compiled fast path skips the former: both are
+watched). The check runs the route's case once recording which kernels launch (:func:`kernel_launches`), then, for each
 kernel launched, runs the case again with every launch of that kernel replaced by a no-op, under
 :func:`provable_kernels.alloc.poisoned` (what the kernel should have written keeps NaN /
 :data:`provable_kernels.alloc.POISON_INT`). That run must fail the route's checks: raise (the ``route`` check
@@ -50,9 +51,9 @@ def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
     of the kernel named ``removed`` do nothing (its outputs stay as allocated)."""
     if removed is not None and not isinstance(removed, str):
         raise TypeError(f"removed must be a kernel name (str) or None, got {type(removed).__name__}")
-    from provable_kernels.launch import Launcher  # here: it imports Triton, which must follow the interpreter switch
+    from provable_kernels.launch import Bound, Launcher  # here: it imports Triton, after the interpreter switch
 
-    original = Launcher.launch
+    original, bound_call = Launcher.launch, Bound.__call__
     launched: list[str] = []
 
     def launch(self: Any, grid: tuple, args: tuple, opts: Any) -> None:
@@ -61,11 +62,14 @@ def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
         if name != removed:
             original(self, grid, args, opts)
 
-    Launcher.launch = launch
+    def bound_launch(self: Any, *tensors: Any) -> None:  # a prepared launch: on a GPU it bypasses Launcher.launch
+        launch(self.launcher, self.grid, (*tensors, *self.tail), self.opts)
+
+    Launcher.launch, Bound.__call__ = launch, bound_launch
     try:
         yield launched
     finally:
-        Launcher.launch = original
+        Launcher.launch, Bound.__call__ = original, bound_call
 
 
 def launched_kernels(family: Family, case: Case) -> list[str]:

@@ -120,6 +120,24 @@ def test_launches_are_recorded_removed_and_restored():
             pass
 
 
+def test_prepared_launches_are_recorded_and_removed_too():
+    """A launch prepared once per signature (``launch.Bound``, the direct runners': on a GPU its fast path does not
+    pass through ``Launcher.launch``) is recorded once and removed like any other."""
+    from provable_kernels.launch import Bound, launcher, options
+
+    x = torch.arange(6.0).reshape(2, 3)
+    out = torch.empty(2)
+    bound = launcher(row_sum_kernel).bind((2,), (3,), options(BD=4))
+    call = Bound.__call__
+    with kernel_launches(removed="row_sum_kernel") as launched:
+        assert Bound.__call__ is not call  # watched itself: the compiled fast path never reaches Launcher.launch
+        bound(x, out.fill_(float("nan")))
+    assert launched == ["row_sum_kernel"] and torch.isnan(out).all() and Bound.__call__ is call  # once, not twice
+    with kernel_launches() as launched:
+        bound(x, out)
+    assert launched == ["row_sum_kernel"] and torch.equal(out, torch.tensor([3.0, 12.0]))
+
+
 def test_a_child_that_dies_or_hangs_counts_as_noticed():
     assert in_child(lambda: (False, "fine"), "fork") == (False, "fine")
     assert in_child(lambda: os._exit(3), "fork") == (True, "the process died (exit code 3)")

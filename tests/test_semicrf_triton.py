@@ -109,9 +109,13 @@ class ChainSpy:
 def test_chain_precision_per_route(monkeypatch):
     """float32 chain only for inference on float32 inputs; training (its own kernel), Viterbi and float64 inputs keep
     float64."""
+    from provable_kernels.semicrf import dispatch
+
     forward, train = ChainSpy(triton_ops.semicrf_forward_kernel), ChainSpy(triton_ops.semicrf_train_kernel)
     monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", forward)
     monkeypatch.setattr(triton_ops, "semicrf_train_kernel", train)
+    for entry in (dispatch.PARTITION, dispatch.VITERBI):  # direct runners made earlier hold the kernels unspied
+        monkeypatch.setattr(entry, "cache", {})
     case64 = make_case(B=2, T=4, K=2, C=2, variable=True).to(device=DEVICE)
     case32 = case64.to(torch.float32)
     runs = {"log.infer f32": lambda: case32.forward("log"), "max.infer f32": lambda: case32.forward("max"),
