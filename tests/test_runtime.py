@@ -140,9 +140,9 @@ def _problem():
     cum = torch.randn(B, T + 1, C).cumsum(1)
     cum[:, 0] = 0
     crf = (cum, torch.randn(C, C), torch.randn(K, C), torch.tensor([9, 4, 1]), K)
-    offsets = torch.tensor([0, 3, 3, 40, 41, 60])
+    offsets = torch.tensor([0, 3, 3, 20, 21, 26])  # a long segment of 17 rows: two chunks at the interpreter's sizes
     ids = torch.repeat_interleave(torch.arange(5), offsets.diff())
-    return crf, torch.randn(60, 2, 3), offsets, ids
+    return crf, torch.randn(26, 2, 3), offsets, ids
 
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
@@ -158,7 +158,7 @@ def test_segment_direct_runners_are_bitwise_the_full_path(reduce, form):
     index = dict(offsets=offsets) if form == "offsets" else dict(ids=ids, num_segments=5)
     saved = dict(segment_dispatch.REDUCE.cache)
     segment_dispatch.REDUCE.cache.clear()
-    for shaped in (x, x.reshape(60, 6)):
+    for shaped in (x, x.reshape(26, 6)):
         full = segment_dispatch.TREE.dispatch(segment_call("reduce", shaped, reduce, index.get("offsets"),
                                                            index.get("ids"), index.get("num_segments"), 0.0, True))
         assert all(torch.equal(segment_reduce(shaped, reduce, **index), full) for _ in range(3))
