@@ -256,7 +256,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     if not items:
         return CheckResult("bad_input", False, "no bad input declared for this route", repro)
     base = run.case("tiny")
-    notes = []
+    notes, poisoned = [], 0
     for item in items:
         label = f"{item.argument} ({item.what})"
         try:
@@ -265,12 +265,35 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         except (ValueError, TypeError) as exc:
             if not str(exc).startswith(item.argument):
                 notes.append(f"{label}: message does not start with {item.argument!r}: {error_text(exc)}")
+            else:
+                problem, silent = _device_mode_problem(run, item.make(base))
+                poisoned += not silent
+                if problem:
+                    notes.append(f"{label}: {problem}")
         except Exception as exc:
             notes.append(f"{label}: raised {error_text(exc)}, expected ValueError or TypeError")
         else:
             notes.append(f"{label}: accepted without error")
-    summary = f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them"
+    summary = (f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them; in "
+               f"device mode {poisoned} of them gave NaN results, the others raised")
     return _summarized("bad_input", notes, summary, (), repro)
+
+
+def _device_mode_problem(run: RouteRun, case: Case) -> tuple[Optional[str], bool]:
+    """A wrong argument the host checks reject, in device mode (the CUDA default: nothing read on the host, the
+    kernels check what they read): it must raise (a metadata check, an entry point that reads its results on the
+    host anyway, the device assertion of ``validate.DataChecks.verify``, or the interpreter refusing the poisoned
+    values) or give NaN somewhere in the outputs and gradients, never only finite numbers. Returns (the problem or
+    None, whether it raised)."""
+    try:
+        with value_checks("device"):
+            outputs = run.family.run(case)
+    except Exception:  # loud, not a silent number
+        return None, True
+    if any(torch.as_tensor(v).is_floating_point() and bool(torch.isnan(torch.as_tensor(v)).any())
+           for v in outputs.values()):
+        return None, False
+    return "device mode returned only numbers (a bad value became a silent number)", False
 
 
 def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:

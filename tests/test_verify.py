@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from provable_kernels import validate
 from provable_kernels.semicrf import torch_ops
 from kernel_sentinel import records, registry, report
 from kernel_sentinel.checks import compare
@@ -107,6 +108,30 @@ def test_bad_input_that_is_accepted_or_not_named_fails(toy_family):
     assert not check.passed
     assert "x (float64): accepted without error" in check.detail
     assert "fast (1-D x): message does not start with 'fast'" in check.detail
+
+
+def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family):
+    """A wrong value the host checks reject must, in device mode (no host read), raise or give NaN: a route that
+    then returns only finite numbers fails the check; one that poisons its outputs passes."""
+    negative = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
+        "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
+
+    def run(poison: bool):
+        def checked(case):
+            x = case.kwargs["x"]
+            if validate.current_mode() != "device" and bool((x < 0).any()):
+                raise ValueError("x must be >= 0")
+            value = x.abs().sum(-1)
+            if poison:
+                value = torch.where((x < 0).any(-1), math.nan, value)
+            (grad,) = torch.autograd.grad(value.sum(), x)
+            return {"value": value.detach(), "grad_x": grad}
+        return checked
+
+    silent = verify_route(toy_family(bad_inputs=(negative,), run=run(False)), "toy.slow", CPU).check("bad_input")
+    assert not silent.passed and "a bad value became a silent number" in silent.detail, silent.detail
+    poisoned = verify_route(toy_family(bad_inputs=(negative,), run=run(True)), "toy.slow", CPU).check("bad_input")
+    assert poisoned.passed and "in device mode 1 of them gave NaN results" in poisoned.detail, poisoned.detail
 
 
 def test_compare_measures_errors_and_handles_infinities():
