@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from kernel_sentinel.records import NOT_APPLICABLE, cross_device, git, gpus, row_key
+from kernel_sentinel.family import REPO_ROOT
+from kernel_sentinel.records import NOT_APPLICABLE, blob_ids, cross_device, git, gpus, row_key
 
 MUTATION_DIR_NAME = "mutation"
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -129,10 +130,31 @@ def load_mutation(records_dir: Path, family: str) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def kill_rate(mutation: Optional[Mapping[str, Any]]) -> str:
+@functools.lru_cache(maxsize=None)
+def _blob_at(commit: str, path: str) -> str:
+    """The blob id of ``path`` at ``commit`` (empty when the repository does not have it)."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{commit}:{path}")
+    except (RuntimeError, OSError):
+        return ""
+
+
+def mutation_is_current(mutation: Mapping[str, Any]) -> bool:
+    """True when every file the mutation record sampled (``files``) is as it was at the record's commit."""
+    paths = sorted(mutation.get("files", {}))
+    now = blob_ids([Path(p) for p in paths if (REPO_ROOT / p).is_file()])
+    return all(_blob_at(mutation["commit"], p) == now.get(p, "gone") for p in paths)
+
+
+def kill_rate(mutation: Optional[Mapping[str, Any]], short: bool = False) -> str:
+    """The kill rate of a mutation record: ``short`` the percentage alone, else with the sample, date and
+    commit; either marked stale when a sampled file changed since the record's commit."""
     if mutation is None or mutation.get("kill_rate") is None:
         return "not measured"
-    return (f"{mutation['kill_rate']:.1f}% ({mutation['killed']}/{mutation['sampled']})<br>{mutation['date']} "
+    stale = "" if mutation_is_current(mutation) else f" {SYMBOL['stale']} (sources changed since)"
+    if short:
+        return f"{mutation['kill_rate']:.0f}%{stale}"
+    return (f"{mutation['kill_rate']:.1f}% ({mutation['killed']}/{mutation['sampled']}){stale}<br>{mutation['date']} "
             f"`{mutation['commit'][:7]}`")
 
 
@@ -274,7 +296,7 @@ def _rollup_row(status: FamilyStatus, record: Mapping[str, Any], routes: Sequenc
             str(len(gpus(dict(record["device"])))) if gpu else "n/a", cross_devices(record),
             f"{sum(_sanitized(record, r) for r in triton)}/{len(triton)} Triton" if gpu else "n/a",
             "n/a" if gpu else coverage_summary(record),
-            f"{mutation['kill_rate']:.0f}%" if mutation and mutation.get("kill_rate") is not None else "not measured",
+            kill_rate(mutation, short=True),
             " ".join(x for x in (commit_date(commit), f"`{commit[:7]}`" if commit else "") if x)]
 
 

@@ -251,3 +251,21 @@ def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_the
         ["[Big GPU, float64](#every-route)", dashboard.SYMBOL["fail"], "1/2", current, "1", no_evidence],
         ["[Big GPU](#every-route)", dashboard.SYMBOL["pass"], "2/2", stale, "4", dashboard.SYMBOL["pass"]],
     ]
+
+
+def test_a_mutation_record_is_stale_once_a_file_it_sampled_changes():
+    """The kill rate shown is marked stale when a sampled file's blob at the record's commit differs from the
+    working tree (and current when they match)."""
+    from kernel_sentinel import dashboard
+    from kernel_sentinel.records import git
+
+    path = "kernels/sinkhorn/triton_sinkhorn.py"
+    last_change = git("log", "-1", "--format=%H", "--", path)
+    before_it = git("rev-parse", f"{last_change}^")
+    record = {"kill_rate": 90.0, "killed": 54, "sampled": 60, "date": "2026-01-01", "files": {path: {}}}
+    if git("status", "--porcelain", "--", path):
+        pytest.skip(f"{path} has uncommitted changes: no commit holds the working tree's version")
+    assert dashboard.mutation_is_current({**record, "commit": last_change})
+    assert not dashboard.mutation_is_current({**record, "commit": before_it})
+    assert dashboard.kill_rate({**record, "commit": before_it}, short=True) == f"90% {dashboard.SYMBOL['stale']} (sources changed since)"
+    assert dashboard.kill_rate({**record, "commit": last_change}).startswith("90.0% (54/60)<br>2026-01-01")
