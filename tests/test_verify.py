@@ -510,3 +510,22 @@ def test_bad_jobs_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["verify", "--jobs", value])
     assert exit_info.value.code == 2 and "argument --jobs: must be" in capsys.readouterr().err
+
+
+def test_planted_nan_flag_bug_fails_bad_input_in_device_mode():
+    """Sinkhorn's NaN/+inf flag reduced with min along a row (a matrix is flagged only when a whole row is bad): host
+    mode still rejects the NaN by name, but in device mode the matrix comes out as finite numbers, so ``bad_input``
+    must fail on the Triton route (and passes on the unmutated sources)."""
+    from kernel_sentinel import mutate
+
+    route = "sinkhorn.triton.prob.infer"
+    copy = mutate.Scratch(REPO_ROOT)
+    try:
+        code, last, _ = copy.worker("sinkhorn", [route], seed=0, timeout=600, checks=["bad_input"])
+        assert code == 0, last
+        with copy.planted("kernels/sinkhorn/triton_sinkhorn.py", r"bad = tl\.max\(tl\.max\(bad_entry",
+                          "tl.max(tl.max(bad_entry", "tl.max(tl.min(bad_entry"):
+            code, last, _ = copy.worker("sinkhorn", [route], seed=0, timeout=600, checks=["bad_input"])
+    finally:
+        copy.remove()
+    assert code == 1 and last.startswith(f"{route} float32 bad_input: x (NaN): device mode returned only numbers"), last
