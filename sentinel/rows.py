@@ -275,7 +275,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         else:
             notes.append(f"{label}: accepted without error")
     summary = (f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them; in "
-               f"device mode {poisoned} of them gave NaN results, the others raised")
+               f"device mode {poisoned} of them gave non-finite results, the others raised")
     return _summarized("bad_input", notes, summary, (), repro)
 
 
@@ -283,14 +283,15 @@ def _device_mode_problem(run: RouteRun, case: Case) -> tuple[Optional[str], bool
     """A wrong argument the host checks reject, in device mode (the CUDA default: nothing read on the host, the
     kernels check what they read): it must raise (a metadata check, an entry point that reads its results on the
     host anyway, the device assertion of ``validate.DataChecks.verify``, or the interpreter refusing the poisoned
-    values) or give NaN somewhere in the outputs and gradients, never only finite numbers. Returns (the problem or
-    None, whether it raised)."""
+    values) or give NaN or an infinity somewhere in the outputs and gradients (the families poison with NaN; an
+    infinite input may also come out infinite), never only finite numbers. Returns (the problem or None, whether it
+    raised)."""
     try:
         with value_checks("device"):
             outputs = run.family.run(case)
     except Exception:  # loud, not a silent number
         return None, True
-    if any(torch.as_tensor(v).is_floating_point() and bool(torch.isnan(torch.as_tensor(v)).any())
+    if any(torch.as_tensor(v).is_floating_point() and not bool(torch.isfinite(torch.as_tensor(v)).all())
            for v in outputs.values()):
         return None, False
     return "device mode returned only numbers (a bad value became a silent number)", False

@@ -111,8 +111,8 @@ def test_bad_input_that_is_accepted_or_not_named_fails(toy_family):
 
 
 def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family):
-    """A wrong value the host checks reject must, in device mode (no host read), raise or give NaN: a route that
-    then returns only finite numbers fails the check; one that poisons its outputs passes."""
+    """A wrong value the host checks reject must, in device mode (no host read), raise or give NaN or an infinity:
+    a route that then returns only finite numbers fails the check; one that poisons its outputs passes."""
     negative = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
         "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
 
@@ -131,7 +131,7 @@ def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family)
     silent = verify_route(toy_family(bad_inputs=(negative,), run=run(False)), "toy.slow", CPU).check("bad_input")
     assert not silent.passed and "a bad value became a silent number" in silent.detail, silent.detail
     poisoned = verify_route(toy_family(bad_inputs=(negative,), run=run(True)), "toy.slow", CPU).check("bad_input")
-    assert poisoned.passed and "in device mode 1 of them gave NaN results" in poisoned.detail, poisoned.detail
+    assert poisoned.passed and "in device mode 1 of them gave non-finite results" in poisoned.detail, poisoned.detail
 
 
 def test_compare_measures_errors_and_handles_infinities():
