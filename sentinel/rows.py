@@ -266,8 +266,8 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
             if not str(exc).startswith(item.argument):
                 notes.append(f"{label}: message does not start with {item.argument!r}: {error_text(exc)}")
             else:
-                problem, silent = _device_mode_problem(run, item.make(base))
-                poisoned += not silent
+                problem, raised = _device_mode_problem(run, item.make(base))
+                poisoned += not raised
                 if problem:
                     notes.append(f"{label}: {problem}")
         except Exception as exc:
@@ -291,8 +291,7 @@ def _device_mode_problem(run: RouteRun, case: Case) -> tuple[Optional[str], bool
             outputs = run.family.run(case)
     except Exception:  # loud, not a silent number
         return None, True
-    if any(torch.as_tensor(v).is_floating_point() and not bool(torch.isfinite(torch.as_tensor(v)).all())
-           for v in outputs.values()):
+    if non_finite(outputs):
         return None, False
     return "device mode returned only numbers (a bad value became a silent number)", False
 

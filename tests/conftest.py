@@ -31,7 +31,7 @@ from provable_kernels.semicrf.dispatch import semi_crf_streaming_forward, semi_c
 from provable_kernels.semicrf import oracle  # noqa: E402
 from kernel_sentinel.cases import batch_along  # noqa: E402
 from kernel_sentinel.checks import expect_close, run_route  # noqa: E402
-from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
+from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 
 
 def with_zero_row(rest: torch.Tensor) -> torch.Tensor:
@@ -251,3 +251,24 @@ def semicrf_case(B=2, T=5, K=2, C=2, *, dtype=torch.float64, trans3d=False, proj
     return SemiCRFCase(cum, draw(K, C, C) if trans3d else draw(C, C), draw(K, C),
                        draw(B, T, C) if proj_start else None, draw(B, T, C) if proj_end else None, lengths, K,
                        use_triton)
+
+
+# ------------------------------------------------------------------------------------------- planted bugs
+
+
+def planted_worker_runs(family: str, route: str, check: str, file: str, pattern: str, old: str,
+                        new: str) -> tuple[int, str]:
+    """``(exit code, last output line)`` of the mutation worker (:mod:`kernel_sentinel.mutate`, on the CPU) running
+    only ``check`` on ``route`` in a scratch copy with the bug planted in ``file`` (:func:`kernel_sentinel.mutate.plant`:
+    ``old`` replaced by ``new`` on the line ``pattern`` finds); the unmutated sources must pass it first."""
+    from kernel_sentinel import mutate
+
+    scratch = mutate.Scratch(REPO_ROOT)
+    try:
+        clean = scratch.worker(family, [route], seed=0, timeout=600, checks=[check])[:2]
+        with scratch.planted(file, pattern, old, new):
+            planted = scratch.worker(family, [route], seed=0, timeout=600, checks=[check])[:2]
+    finally:
+        scratch.remove()
+    assert clean[0] == 0, clean[1]
+    return planted

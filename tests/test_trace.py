@@ -253,19 +253,21 @@ def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_the
     ]
 
 
-def test_a_mutation_record_is_stale_once_a_file_it_sampled_changes():
+def test_a_mutation_record_is_stale_once_a_file_it_sampled_changes(monkeypatch):
     """The kill rate shown is marked stale when a sampled file's blob at the record's commit differs from the
-    working tree (and current when they match)."""
+    working tree's (and current when they match). The working tree is made to hold the file as at its last commit,
+    so that local edits do not matter."""
     from kernel_sentinel import dashboard
     from kernel_sentinel.records import git
 
     path = "kernels/sinkhorn/triton_sinkhorn.py"
     last_change = git("log", "-1", "--format=%H", "--", path)
     before_it = git("rev-parse", f"{last_change}^")
+    monkeypatch.setattr(dashboard, "blob_ids", lambda paths: {str(p): git("rev-parse", f"{last_change}:{p}")
+                                                             for p in paths})
     record = {"kill_rate": 90.0, "killed": 54, "sampled": 60, "date": "2026-01-01", "files": {path: {}}}
-    if git("status", "--porcelain", "--", path):
-        pytest.skip(f"{path} has uncommitted changes: no commit holds the working tree's version")
     assert dashboard.mutation_is_current({**record, "commit": last_change})
     assert not dashboard.mutation_is_current({**record, "commit": before_it})
-    assert dashboard.kill_rate({**record, "commit": before_it}, short=True) == f"90% {dashboard.SYMBOL['stale']} (sources changed since)"
+    assert dashboard.kill_rate({**record, "commit": before_it}, short=True) == \
+        f"90% {dashboard.SYMBOL['stale']} (sources changed since)"
     assert dashboard.kill_rate({**record, "commit": last_change}).startswith("90.0% (54/60)<br>2026-01-01")

@@ -12,11 +12,10 @@ import re
 
 import pytest
 import torch
-from conftest import toy_sum
+from conftest import planted_worker_runs, toy_sum
 
 from provable_kernels.custom_ops import Op
-from kernel_sentinel import mutate, opcheck
-from kernel_sentinel.family import REPO_ROOT
+from kernel_sentinel import opcheck
 
 
 def _double(x: torch.Tensor) -> torch.Tensor:
@@ -86,16 +85,10 @@ def test_only_differentiated_ops_are_checked_with_gradients(toy_family):
 def test_planted_bug_in_the_training_ops_fake_fails_opcheck():
     """The semi-CRF training op's fake implementation with its torch/Triton branch inverted (a held-out mutant
     that only compile would have met)."""
-    scratch = mutate.Scratch(REPO_ROOT)
-    try:
-        route = "semicrf.triton.log.train"
-        code, last, _ = scratch.worker("semicrf", [route], seed=0, timeout=600, checks=["opcheck"])
-        assert code == 0, last
-        with scratch.planted("kernels/semicrf/autograd.py", r'\n    if backend == "torch":\n        return \[logZ, ',
-                             "==", "!="):
-            code, last, _ = scratch.worker("semicrf", [route], seed=0, timeout=600, checks=["opcheck"])
-    finally:
-        scratch.remove()
-    assert code == 1, last
+    route = "semicrf.triton.log.train"
+    planted, planted_last = planted_worker_runs(
+        "semicrf", route, "opcheck", "kernels/semicrf/autograd.py", r'\n    if backend == "torch":\n        return \[logZ, ',
+        "==", "!=")
+    assert planted == 1, planted_last
     assert re.match(rf"{re.escape(route)} \w+ opcheck: semicrf_log_forward: test_faketensor: .*mismatched tensor "
-                    r"metadata", last), last
+                    r"metadata", planted_last), planted_last
