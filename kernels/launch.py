@@ -145,8 +145,10 @@ class Launcher:
 class Bound:
     """``bound(*tensors)`` launches as ``launcher.launch(grid, (*tensors, *tail), opts)`` does, for a call path that
     launches the same kernel with the same grid, sizes and options again and again (a public call with a signature
-    seen before: :mod:`provable_kernels.runtime`). A compiled kernel is looked up by what still varies, the current
-    device and each tensor's 16-byte alignment, and launched directly; the first launch of such a key, launches
+    seen before: :mod:`provable_kernels.runtime`). ``tensors`` are the leading runtime arguments, tensors or ints that
+    change per call (which the kernel must not specialise on: ``do_not_specialize``, values below 2**31). A compiled
+    kernel is looked up by what still varies, the current device and each tensor's 16-byte alignment, and launched
+    directly; the first launch of such a key, launches
     under profiler hooks and the interpreter go through :meth:`Launcher.launch` (where ``sentinel verify`` looks)."""
 
     __slots__ = ("launcher", "grid", "grid3", "tail", "opts", "kernels")
@@ -166,7 +168,7 @@ class Bound:
         if not self.kernels:  # the first launch (CUDA initialised, or the launcher's error when it cannot be)
             return self._first(tensors)
         device = torch._C._cuda_getDevice()  # what torch.cuda.current_device() returns once CUDA is initialised
-        key = device, tuple([t is None or t.data_ptr() % 16 == 0 for t in tensors])
+        key = device, _alignments(tensors)
         found = self.kernels.get(key)
         if found is None or _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
             return self._first(tensors)
@@ -181,8 +183,13 @@ class Bound:
         kernel for the current device and the tensors' alignments."""
         args = (*tensors, *self.tail)
         self.launcher.launch(self.grid, args, self.opts)
-        key = torch.cuda.current_device(), tuple([t is None or t.data_ptr() % 16 == 0 for t in tensors])
+        key = torch.cuda.current_device(), _alignments(tensors)
         self.kernels[key] = self.launcher.cache[_key(args, self.opts)]
+
+
+def _alignments(tensors: tuple) -> tuple:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
+    """Whether each tensor of a :class:`Bound` launch is 16-byte aligned (True for None and ints)."""
+    return tuple([type(t) is int or t is None or t.data_ptr() % 16 == 0 for t in tensors])
 
 
 def _active(hook: Any) -> bool:

@@ -158,7 +158,7 @@ def test_a_spawned_child_rebuilds_the_case_as_on_a_gpu():
 
 @pytest.mark.parametrize("family_name, route_id, kernels", [
     ("segment", "segment.triton.max.train.offsets",
-     ("segment_chunk_kernel", "segment_combine_kernel", "segment_backward_kernel")),
+     ("segment_chunk_kernel", "segment_backward_kernel")),
     ("sinkhorn", "sinkhorn.triton.log.train", ("log_forward_kernel", "log_backward_kernel")),
     ("semicrf", "semicrf.triton.viterbi", ("value_checks_kernel", "semicrf_forward_kernel",
                                            "semicrf_backtrack_kernel")),

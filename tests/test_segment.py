@@ -251,6 +251,8 @@ def test_adjoint_bad_grad_output():
         segment_max_backward(torch.zeros(3, 3), x, offsets=offsets)
     with pytest.raises(TypeError, match="^grad_output"):
         segment_min_backward(torch.zeros(4, 3, dtype=torch.float64), x, ids=ids)
+    with pytest.raises(TypeError, match="^grad_output"):  # not a tensor: S cannot come from it (ids form)
+        segment_max_backward([[1.0] * 3] * 4, x, ids=ids)
 
 
 def test_guide_example_runs():
@@ -303,6 +305,73 @@ def test_device_mode_poisons_instead_of_reading_the_host(use_triton):
     torch.testing.assert_close(good.double(), oracle.segment_reduce(x, "sum", [0, 2, 2, 6]), rtol=1e-6, atol=1e-6)
 
 
+def _reduced(x: torch.Tensor, rows: torch.Tensor, reduce: str) -> torch.Tensor:
+    """float64 reduction of the rows ``x[rows]`` (a boolean mask), for the device-mode property below."""
+    part = x[rows].double()
+    return {"sum": lambda: part.sum(0), "max": lambda: part.amax(0)}[reduce]()
+
+
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+def test_device_mode_long_segments_bad_index(monkeypatch, form):
+    """Device mode with long segments (several chunks, finished by their last chunk's program) and random bad
+    indices: every output is written (allocations hold a marker value no reduction of the data gives), each segment
+    is NaN or the exact reduction of its own rows (offsets form: its bounds when they are valid; ids form: every row
+    holding its id, where every lower id lies before them and every higher one after), some segment is NaN (a bad index is never silent), and a valid call afterwards gives bitwise what it gave before the bad ones (the flags and
+    workspace kept between calls hold nothing stale)."""
+    from provable_kernels import alloc, validate
+
+    marker = 1234.5
+    empty = alloc.empty
+
+    def marked(shape, *, dtype, device):
+        out = empty(shape, dtype=dtype, device=device)
+        return out.fill_(marker) if out.is_floating_point() else out
+
+    gen = torch.Generator().manual_seed(11)
+    lengths = [3, 40, 0, 21, 5, 70, 2]
+    x, offsets, ids = problem(lengths, D=3, integers=True, seed=4)  # integer data: sums exact in any order
+    N, S = x.shape[0], len(lengths)
+    with validate.value_checks("device"):
+        before = segment_reduce(x, "sum", **index_kwargs(form, offsets, ids))
+        monkeypatch.setattr(alloc, "empty", marked)
+        for trial in range(12):
+            reduce = ("sum", "max")[trial % 2]
+            if form == "offsets":
+                bad = offsets.clone()
+                k = int(torch.randint(1, S, (1,), generator=gen))
+                bad[k] = int(torch.randint(0, N + 1, (1,), generator=gen))
+                if trial == 0:  # segment 0 = rows 0-99: its last chunk's program finds segment 1 (row 31 >= 30)
+                    bad[1], bad[2] = 100, 30
+                out = segment_reduce(x, reduce, offsets=bad)
+            else:
+                bad = ids.clone()
+                k = int(torch.randint(0, N, (1,), generator=gen))
+                bad[k] = int(torch.randint(0, S, (1,), generator=gen))
+                out = segment_reduce(x, reduce, ids=bad, num_segments=S)
+            assert not (out == marker).any(), (trial, bad)
+            for s in range(S):
+                if torch.isnan(out[s]).all():
+                    continue
+                if form == "offsets":
+                    a, b = int(bad[s]), int(bad[s + 1])
+                    assert 0 <= a <= b <= N, (trial, s, bad)
+                    rows = (torch.arange(N) >= a) & (torch.arange(N) < b)
+                else:  # the rows holding id s, when every lower id lies before them and every higher one after
+                    rows = bad == s
+                    if not ((bad < s) == (torch.arange(N) < int((bad < s).sum()))).all() \
+                            or not ((bad > s) == (torch.arange(N) >= int((bad <= s).sum()))).all():
+                        continue
+                if not rows.any():
+                    continue
+                assert torch.equal(out[s].double(), _reduced(x, rows, reduce)), (trial, s, bad)
+            still_valid = bool((bad.diff() >= 0).all()) and (form == "ids" or (bad[0] == 0 and bad[-1] == N))
+            assert torch.isnan(out).any() != still_valid, (trial, bad)
+        monkeypatch.setattr(alloc, "empty", empty)
+        after = segment_reduce(x, "sum", **index_kwargs(form, offsets, ids))
+    assert torch.equal(before, after)
+    torch.testing.assert_close(before.double(), oracle.segment_reduce(x, "sum", offsets.tolist()), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------- the thin call path
 
 
@@ -351,17 +420,18 @@ class _DeviceWork:
 @pytest.mark.parametrize("form", ["offsets", "ids"])
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_public_call_runs_only_kernels(monkeypatch, reduce, form):
-    """What a CUDA call does (value checks on the device): no torch op does device work, one forward launch without
-    long segments, two with (the combine pass), in either index form (with ids the chunk kernel finds the offsets
-    itself), one backward launch."""
+    """What a repeat CUDA call does (value checks on the device): no torch op does device work, one forward launch
+    with or without long segments (the last chunk's program combines), in either index form (with ids the chunk
+    kernel finds the offsets itself), one backward launch. (A first call may zero the workspace flags it grows.)"""
     from provable_kernels import validate
 
     work = _DeviceWork(monkeypatch)
-    for lengths, forward in (([3, 0, 1, 4], 1), ([3, 0, 25, 0, 1, 17, 0], 2)):
+    for lengths, forward in (([3, 0, 1, 4], 1), ([3, 0, 25, 0, 1, 17, 0], 1)):
         x, offsets, ids = problem(lengths, D=3)
         leaf = x.clone().requires_grad_()
         upstream = torch.ones(len(lengths), 3)
         with validate.value_checks("device"):
+            segment_reduce(x, reduce, **index_kwargs(form, offsets, ids))  # the first call grows the workspace
             with work:
                 segment_reduce(x, reduce, **index_kwargs(form, offsets, ids))
             assert not work.ops, work.ops
@@ -394,7 +464,7 @@ def test_sizes_never_change_the_constexprs(monkeypatch):
         x, offsets, ids = problem(lengths, D=3, seed=S)
         leaf = x.clone().requires_grad_()
         segment_reduce(leaf, "max", ids=ids, num_segments=S).sum().backward()
-    assert set(seen) == {"segment_chunk_kernel", "segment_combine_kernel", "segment_backward_kernel"}
+    assert set(seen) == {"segment_chunk_kernel", "segment_backward_kernel"}
     assert all(len(metas) == 1 for metas in seen.values()), seen
     assert triton_ops.sizes(16) == triton_ops.sizes(9) != triton_ops.sizes(17)
 

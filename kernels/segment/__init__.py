@@ -10,11 +10,11 @@ to its segment and the first NaN is the arg. float32, float64, bfloat16 and floa
 ids=None)`` and ``segment_min_backward`` recompute the arg and are bitwise equal to the autograd path.
 
 The Triton forward reduces each short segment (at most 256 rows on a GPU) in registers, several per program, and
-cuts a longer one, from its first row, into chunks whose size comes from its own length; a second pass combines the
-chunks in chunk order, so many short segments and one segment of millions of rows both fill the GPU. No atomics,
-bitwise repeatable, and a segment's bits do not depend on the other segments of the batch. A public call is one or
-two kernel launches in either index form (with ids the chunk kernel finds the offsets itself), the backward one;
-nothing else runs on the device. Value checks
+cuts a longer one, from its first row, into chunks whose size comes from its own length; the program of a segment's
+last chunk combines the chunks' partials in chunk order, so many short segments and one segment of millions of rows
+both fill the GPU. No atomic arithmetic on data, bitwise repeatable, and a segment's bits do not depend on the other
+segments of the batch. A public call is one kernel launch in either index form (with ids the chunk kernel finds the
+offsets itself), the backward one; nothing else runs on the device. Value checks
 (sortedness, ranges): on CPU tensors a failed check raises the named error (one host read); on CUDA nothing is read
 on the host, the kernels check the index themselves and the segments a bad index spoils are NaN. The ids form
 without ``num_segments`` reads S from the device (a host sync).

@@ -105,6 +105,7 @@ def _offsets_of(ids: torch.Tensor, S: int) -> torch.Tensor:
     return torch.searchsorted(ids.contiguous(), torch.arange(S + 1, device=ids.device, dtype=ids.dtype))
 
 
+# verify: unreached (check and bind in one call, for callers outside the runtime, which runs them itself: the tests)
 def make_call(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_output=None) -> SegmentCall:
     """Validate every argument (naming it on error: :func:`check`, then :func:`bind`) and bundle them into a
     :class:`SegmentCall`."""
@@ -162,7 +163,7 @@ def bind(op, meta: tuple, x, reduce, offsets, ids, num_segments, empty, use_trit
     results."""
     S, triton = meta
     N = x.shape[0]
-    if triton and not validate.host_reads_allowed(x):  # verify: unreached (device mode: CUDA by default; tests)
+    if triton and not validate.host_reads_allowed(x):  # device mode (CUDA by default)
         return SegmentCall(op, x, reduce, offsets, ids, offsets, S, float(empty), use_triton, grad_output,
                            host_checked=False)  # the kernels check the index values
     checks = validate.DataChecks()
@@ -182,7 +183,7 @@ def bind(op, meta: tuple, x, reduce, offsets, ids, num_segments, empty, use_trit
     # device mode (PyTorch backend): nothing was read on the host. A failed check swaps the index for a valid one
     # (every row in the last segment, or in segment 0), so no kernel indexes out of bounds, and the flag poisons the
     # results.
-    if flag is not None:  # verify: unreached (device mode, the CUDA default; tested in tests/test_segment.py)
+    if flag is not None:
         if ids is not None:
             ids = torch.where(flag, ids, 0)
             csr = _offsets_of(ids, S)

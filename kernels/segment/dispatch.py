@@ -3,7 +3,7 @@
 Conventions are in :mod:`provable_kernels.segment.call`. The tree asks, in order: which entry point (``reduce``:
 segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction; for
 Triton, whether a gradient is wanted, then for inference the shape regime (no segment can be long: one pass; or
-long segments cut into chunks, with a combine pass) and for training the index form (offsets or ids). The PyTorch
+long segments cut into chunks, combined by their last chunk's program) and for training the index form (offsets or ids). The PyTorch
 backend runs the same code with or without a gradient, and both index forms through CSR offsets.
 """
 from __future__ import annotations
@@ -58,8 +58,8 @@ def ask_index(call: SegmentCall) -> str:
 
 def ask_rows(call: SegmentCall) -> str:
     """``one_block`` when no segment can be long (N <= the Triton sizes' short rows: every segment is reduced by
-    one program, one pass, no workspace), else ``blocked`` (long segments are cut into chunks whose partials a
-    combine pass reduces in chunk order)."""
+    one program, one pass, no workspace), else ``blocked`` (long segments are cut into chunks; the program
+    of a segment's last chunk reduces their partials in chunk order)."""
     return "one_block" if triton_ops.one_block(call.rows, call.x.device) else "blocked"
 
 
@@ -257,6 +257,7 @@ def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
     sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
     num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
     if ids is not None and num_segments is None:  # grad_output is not a tensor: the full path names the error
+        # verify: unreached (grad_output not a tensor, ids form: tests/test_segment.py::test_adjoint_bad_grad_output)
         return ADJOINT.uncached(x, reduce, offsets, ids, None, 0.0, use_triton, grad_output)
     return ADJOINT(x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output)
 

@@ -16,7 +16,7 @@ import torch
 from provable_kernels.segment import oracle, torch_ops, triton_ops
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.segment.triton_segment import segment_chunk_kernel, segment_combine_kernel
+from provable_kernels.segment.triton_segment import segment_chunk_kernel
 
 ENTRY_POINTS = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward)}
 ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
@@ -322,7 +322,7 @@ def _lengths(lengths: tuple[int, ...]) -> dict:
 MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
 # the interpreter's sizes: segments of one row less than and exactly the short rows (one pass), one row more (long,
 # one chunk), empty, exactly one chunk, one row more (a one-row second chunk), short, and one over more chunks than
-# the combine pass has lanes (two combine steps); integer data: ties inside chunks, across chunks and across lanes.
+# the combine has lanes (two combine steps); integer data: ties inside chunks, across chunks and across lanes.
 # The backward's 8-row tiles see segments ending one row before, on and after their edges.
 _SIZES = triton_ops.INTERPRETED
 EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, ONE_BLOCK_MAX + 1, 0, _SIZES.min_chunk, _SIZES.min_chunk + 1, 2,
@@ -440,9 +440,10 @@ GUARDS = (
      "write NaN for the segments it spoils).", make_call),
     ("Empty segments are short segments without rows, written with `empty` by the chunk kernel (mean never divides "
      "by zero), and receive no gradient: no row belongs to them.", segment_chunk_kernel.fn),
-    ("Long segments are cut into chunks from their first row and combined in chunk order from per-chunk partials "
-     "(max / min: ties to the lowest row): no atomics, bitwise repeatable, the same bits alone or in any batch.",
-     segment_combine_kernel.fn),
+    ("Long segments are cut into chunks from their first row; the last chunk's program combines the partials in "
+     "chunk order once the others have published theirs (max / min: ties to the lowest row): no atomic arithmetic "
+     "on data, bitwise repeatable, the same bits alone or in any batch.",
+     segment_chunk_kernel.fn),
     ("The PyTorch backend's max / min gathers x at the first-occurrence arg, so autograd's gradient goes to exactly "
      "one row per (segment, column).", torch_ops.first_arg),
 )

@@ -12,25 +12,27 @@ Each launch configuration is a plan made once per signature (:func:`forward_plan
 sizes, grids, constexprs and :class:`provable_kernels.launch.Bound` launches), so that a repeat call only allocates
 and launches; the public call's direct runners (``dispatch``) hold their plan.
 
-Launches per call: forward 1 (N <= SHORT rows: no segment can be long) or 2 (the combine pass), in either index
-form (with ids the chunk kernel finds the offsets itself and writes them); backward 1. No torch op runs on the
-device: the value checks are inside the kernels (``triton_segment`` module doc), ``empty`` reaches the kernel as
-two float32 halves, there is no chunk table (a long chunk's program finds its segment by a binary search, or by
-its row's id) and the long chunks' workspace is one allocation.
+Launches per call: forward 1 in either index form (with ids the chunk kernel finds the offsets itself and writes
+them; a long segment is finished by its last chunk's program), backward 1. No torch op runs on the device: the value
+checks are inside the kernels (``triton_segment`` module doc), ``empty`` reaches the kernel as two float32 halves,
+there is no chunk table (a long chunk's program finds its segment by a binary search, or by its row's id) and the
+long chunks' workspace and flags are kept between calls (:func:`scratch`): no allocation but the outputs.
 
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
 order depends on its own length alone: see ``triton_segment``): ``block_d`` columns by some lanes (rows). A short
 segment (<= ``short_rows`` rows) gets ``short_lanes`` lanes, ``short_groups`` segments per program (a tile of
 ``CHUNK_TILE`` elements); a long one is cut into chunks of ``triton_segment.chunk_rows`` rows, a power of two in
 [``min_chunk``, ``min_chunk * 2**doublings``] from its length (about ``target`` chunks), one program of ``lanes``
-lanes per chunk (a tile of ``LONG_TILE`` elements). The combine pass reduces a segment's partials with ``combine_lanes`` lanes (TILE
-elements), the backward writes tiles of ``backward_rows`` rows. Under the interpreter (CPU tensors) the sizes are small
-(:data:`INTERPRETED`), so that small verification cases run every path large GPU problems take (several steps per
-segment, several segments per program, long segments of one and of many chunks, several combine steps).
+lanes per chunk (a tile of ``LONG_TILE`` elements), whose last chunk's program reduces the segment's partials with
+``combine_lanes`` lanes; the backward writes tiles of ``TILE`` elements, ``backward_rows`` rows. Under the
+interpreter (CPU tensors) the sizes are small (:data:`INTERPRETED`), so that small verification cases run every path
+large GPU problems take (several steps per segment, several segments per program, long segments of one and of many
+chunks, several combine steps).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -44,12 +46,11 @@ from provable_kernels.launch import float_halves, launcher, options
 from provable_kernels.segment.triton_segment import (
     segment_backward_kernel,
     segment_chunk_kernel,
-    segment_combine_kernel,
 )
 
 CHUNK_TILE = 1024  # elements of a short-segment program's tile (4096 held 144 registers for max: 1.4-2.1x slower)
 LONG_TILE = 1024  # elements of a long chunk's tile
-TILE = 4096  # elements of the combine pass's and the backward's tiles
+TILE = 4096  # elements of the backward's tiles
 MAX_BLOCK_D = 128
 BOUNDARY_WINDOW = 32  # CSR boundaries compared per step when the backward's rows find their segment
 WARPS = 4
@@ -68,7 +69,6 @@ class Sizes:
     doublings: int
     target: int
     combine_lanes: int
-    combine_group: int
     backward_rows: int
     block_d: int
 
@@ -80,12 +80,11 @@ class Sizes:
 # a GPU: short segments of <= 256 rows, 8 lanes each (a program's steps follow its longest segment: at an average
 # length of 16, 8 lanes x 8 segments waste no more lanes than the old sweep's 4 x 16, and 100-row segments take half
 # the steps), long ones in chunks of 512 .. 4096 rows (about 4096 chunks per segment: one 16M-row segment fills the
-# GPU like many short ones); the combine pass looks at 8 workspace slots per program (at most 8 long segments, one
-# after the other: 1024 segments of 1024 rows take 512 programs, 256 per program took 4)
-COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096, combine_group=8)
+# GPU like many short ones)
+COMPILED = dict(short_lanes=8, short_rows=256, min_chunk=512, doublings=3, target=4096)
 # the interpreter: 8-row tiles; segments over 8 rows are long, in chunks of 16 or 32 rows (2 chunks at 17-32 rows)
-INTERPRETED = Sizes(lanes=8, short_lanes=2, short_groups=4, short_rows=8, min_chunk=16, doublings=1, target=2, combine_lanes=4,
-                    combine_group=4, backward_rows=8, block_d=0)
+INTERPRETED = Sizes(lanes=8, short_lanes=2, short_groups=4, short_rows=8, min_chunk=16, doublings=1, target=2,
+                    combine_lanes=4, backward_rows=8, block_d=0)
 
 
 def _block_d(D: int) -> int:
@@ -100,7 +99,7 @@ def sizes(D: int, interpreted: bool = False) -> Sizes:
         return replace(INTERPRETED, block_d=block_d)
     # verify: unreached (compiled kernels only: CUDA; tests/test_segment.py)
     return Sizes(lanes=LONG_TILE // block_d, short_groups=CHUNK_TILE // block_d // COMPILED["short_lanes"],
-                 combine_lanes=TILE // block_d, backward_rows=TILE // block_d, block_d=block_d, **COMPILED)
+                 combine_lanes=LONG_TILE // block_d, backward_rows=TILE // block_d, block_d=block_d, **COMPILED)
 
 
 def short_rows(device: torch.device) -> int:
@@ -114,7 +113,7 @@ def spanning_rows(device: torch.device) -> int:
 
 
 def one_block(N: int, device: torch.device) -> bool:
-    """True when no segment can be long (N <= short rows): one pass, no combine."""
+    """True when no segment can be long (N <= short rows): no workspace."""
     return N <= short_rows(device)
 
 
@@ -126,12 +125,40 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a JIT function: a call from Python costs microseconds
 
 
+_SCRATCH: dict[tuple, tuple[Tensor, Tensor]] = {}
+_EPOCHS = itertools.count()
+EPOCH_LIMIT = 2**31 - 1
+
+
+def scratch(device: torch.device, words: int, flag_words: int) -> tuple[Tensor, Tensor, int]:
+    """``(workspace, flags, epoch)`` for one forward launch on ``device``: an int32 workspace of at least ``words``
+    and int32 flags of at least ``flag_words``, kept per (device, current stream) between calls and grown when too
+    small (the flags zeroed then), and this call's epoch (1 .. 2**31 - 1, never 0: a flag equal to it was written
+    in this call; ``triton_segment`` module doc). Kernels on one stream run one after another, so they share a
+    workspace safely; each stream has its own. While a CUDA graph is captured, fresh zeroed buffers (the graph's
+    own, zeroed at every replay)."""
+    epoch = next(_EPOCHS) % EPOCH_LIMIT + 1
+    if device.type == "cuda":  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
+        if torch.cuda.is_current_stream_capturing():
+            return (alloc.empty((max(words, 1),), dtype=torch.int32, device=device),
+                    torch.zeros((max(flag_words, 1),), dtype=torch.int32, device=device), epoch)
+        key = device, torch._C._cuda_getCurrentRawStream(device.index)
+    else:
+        key = device, 0
+    found = _SCRATCH.get(key)
+    if found is None or found[0].numel() < words or found[1].numel() < flag_words:
+        held = (0, 0) if found is None else (found[0].numel(), found[1].numel())
+        found = _SCRATCH[key] = (alloc.empty((max(words, held[0], 1),), dtype=torch.int32, device=device),
+                                 torch.zeros((max(flag_words, held[1], 1),), dtype=torch.int32, device=device))
+    return found[0], found[1], epoch
+
+
 class ForwardPlan:
     """The forward launches of one signature (:func:`forward_plan`): ``plan(x2, offsets, ids) -> (out, arg,
     csr)`` as :func:`forward` returns them, ``plan.infer(x2, offsets, ids) -> out`` without the arg and the
     placeholders (inference)."""
 
-    __slots__ = ("rows", "S", "D", "dtype", "device", "want_arg", "ids_form", "workspace", "chunk", "combine")
+    __slots__ = ("rows", "S", "D", "dtype", "device", "want_arg", "ids_form", "workspace", "flags", "chunk")
 
     def __init__(self, N: int, D: int, S: int, dtype: torch.dtype, device: torch.device, reduce: str,
                  want_arg: bool, ids_form: bool, check_ids: bool, strides: tuple[int, int], empty: float):
@@ -141,38 +168,33 @@ class ForwardPlan:
         acc_torch, acc = _acc(dtype)
         z = sizes(D, device.type == "cpu")
         slots = N // z.short_rows if N > z.short_rows else 0  # long chunks' workspace slots (programs)
-        # int32 words: partial values (2 per float64), partial args (max / min), tags
-        self.workspace = slots * (D * ((acc_torch.itemsize // 4) + (code >= 2)) + 1)
         column_blocks = _cdiv(D, z.block_d)
-        common = dict(SHORT=z.short_rows, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings, TARGET=z.target,
-                      BD=z.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, num_warps=WARPS)
-        self.chunk = self.combine = None
+        # int32 words: partial values (2 per float64), partial args (max / min), tags; a flag per slot and block
+        self.workspace = slots * (D * ((acc_torch.itemsize // 4) + (code >= 2)) + column_blocks)
+        self.flags = slots * column_blocks
+        self.chunk = None
         if S and D:
             short_programs = _cdiv(S, z.short_groups)
             self.chunk = launcher(segment_chunk_kernel).bind(
                 (slots + short_programs, column_blocks),
                 (N, S, D, slots, short_programs, *strides, *float_halves(empty)),
-                options(SHORT_LANES=z.short_lanes, SHORT_GROUPS=z.short_groups, LANES=z.lanes, IDS=ids_form,
-                        CHECK_IDS=check_ids, **common))
-            if slots:
-                self.combine = launcher(segment_combine_kernel).bind(
-                    (_cdiv(slots, z.combine_group), column_blocks), (N, S, D, slots),
-                    options(GROUP=z.combine_group, LANES=z.combine_lanes, **common))
+                options(SHORT=z.short_rows, SHORT_LANES=z.short_lanes, SHORT_GROUPS=z.short_groups, LANES=z.lanes,
+                        COMBINE_LANES=z.combine_lanes, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings,
+                        TARGET=z.target, BD=z.block_d, REDUCE=code, STORE_ARG=want_arg, ACC=acc, IDS=ids_form,
+                        CHECK_IDS=check_ids, num_warps=WARPS))
 
     def _launch(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor], out: Tensor,
                 arg: Tensor) -> Tensor:
-        """Run the launches into ``out`` (and ``arg``); returns the offsets the kernels used (``csr`` with ids:
-        written here)."""
+        """Run the launch into ``out`` (and ``arg``); returns the offsets the kernel used (``csr`` with ids: written
+        here)."""
         csr = offsets
         if self.ids_form:
             csr = alloc.empty((self.S + 1,), dtype=torch.int32, device=self.device)
             if self.chunk is None:  # no segment: csr = [0] (rows without a segment are a bad index)
                 csr.zero_()
         if self.chunk is not None:
-            ws = alloc.empty((self.workspace,), dtype=torch.int32, device=self.device) if self.workspace else out
-            self.chunk(x2, csr, ids if self.ids_form else csr, out, arg, ws)
-            if self.combine is not None:
-                self.combine(csr, ws, out, arg)
+            self.chunk(x2, csr, ids if self.ids_form else csr, out, arg,
+                       *scratch(self.device, self.workspace, self.flags))
         return csr
 
     def __call__(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:

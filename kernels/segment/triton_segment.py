@@ -2,7 +2,7 @@
 
 Layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D); ``offsets`` (S+1,) are
 the CSR offsets, given (offsets form) or, with sorted ``ids`` (IDS), found by the chunk kernel itself (a binary search
-per segment bound, :func:`_id_bounds`) and written for the combine pass and the backward. N and S are runtime
+per segment bound, :func:`_id_bounds`) and written for the backward. N and S are runtime
 arguments (never compiled in); the constexprs depend on D's column block, the dtype and the reduction only
 (``triton_ops.Sizes``). D and the strides keep Triton's default specialisation (equal to 1, divisible by 16), which
 lets the loads and stores of contiguous rows be vector accesses: a handful of variants per feature size.
@@ -18,10 +18,17 @@ a batch):
   part of the grid (LANES lanes; the long part comes first in the grid, so that its work, or its idling, overlaps the
   short segments') into workspace slot a // SHORT + j (a long segment has at most n // SHORT chunks, so slots of
   different segments never meet): the program finds its segment with a binary search over the offsets
-  (:func:`segment_at`), or as the id of its last row (IDS), no chunk table. :func:`segment_combine_kernel` reduces the
-  partials in chunk order with a fixed lane count. No atomics: bitwise repeatable. The workspace is one int32
-  buffer: the partial values (slots, D) in ACC, the partial args (slots, D) for max / min, the slots' tags
-  (:func:`_workspace`).
+  (:func:`segment_at`), or as the id of its last row (IDS), no chunk table. The program of the segment's last chunk
+  then finishes it (:func:`_combine_segment`): it waits until the programs of the segment's other slots have
+  published their partials (:func:`_wait_published`) and reduces the partials in chunk order with a fixed lane
+  count. One launch, no atomic arithmetic on data: bitwise repeatable. Each slot publishes by writing the call's
+  ``epoch`` (a host counter, never 0) into its flag, with release semantics after a barrier; the waiting program
+  reads the flags with acquire semantics, so it reads the partials after they were written. Every long program
+  publishes whether or not it found a long segment, so a wait always ends (after the earlier programs: the slots
+  waited on belong to lower program ids, which a GPU starts first). The flags persist between calls (zeros when
+  allocated: ``triton_ops.scratch``), and a flag equal to the epoch is one written in this call. The partials
+  workspace is one int32 buffer: the partial values (slots, D) in ACC, the partial args (slots, D) for max / min,
+  the slots' tags (slots, column blocks) (:func:`_workspace`).
 
 Max and min run as a max of ``SIGN * x`` (negation is exact). Every lane keeps the value and the row of its first
 maximum: a later row replaces it only when strictly greater or the first NaN (NaN ranks above every number). Lanes
@@ -32,7 +39,8 @@ Value checks (device mode, no host read): every kernel clamps what it reads from
 read out of bounds whatever the index holds. A segment whose bounds are not 0 <= offsets[s] <= offsets[s+1] <= N is
 NaN, every segment is NaN when offsets[0] != 0 or offsets[S] != N, and with CHECK_IDS (ids given, not checked on
 the host) every row a segment reduces must hold its id. A long segment whose workspace slots another segment's
-programs wrote (possible only with unsorted offsets) is NaN too (each slot carries the segment id it holds).
+programs wrote (possible only with unsorted offsets) is NaN too (each slot carries the segment id it holds), and so
+is one whose last chunk's program finds another segment (the short part writes it: :func:`_finished_by_last_chunk`).
 Backward: a row is NaN unless it lies between its segment's bounds.
 """
 from __future__ import annotations
@@ -46,13 +54,14 @@ BIG = tl.constexpr(2147483647)  # larger than every row index and segment id (in
 
 
 FAN = tl.constexpr(32)  # probes per step of a search: log32 of the size dependent loads
+POLLS = tl.constexpr(1 << 24)  # flag polls before a waiting program gives up (its segment is then NaN): never on a GPU
 
 
 @triton.jit
 def _count_below(ptr, targets, size, STRICT: tl.constexpr):
-    """For each target of the block ``targets`` (M,): how many of ``ptr[0 .. size - 1]`` (sorted) lie below it
-    (STRICT: ``<``) or at or below it (``<=``): a FAN-ary search, FAN probes per step, log_FAN(size + 1) dependent
-    loads (a binary search takes five times as many). Whatever the memory holds (unsorted values in device mode)
+    """For each target of the block ``targets`` (M,): how many of ``ptr[0 .. size - 1]`` (sorted; ``size`` a scalar
+    or one per target) lie below it (STRICT: ``<``) or at or below it (``<=``): a FAN-ary search, FAN probes per
+    step, log_FAN(size + 1) dependent loads (a binary search takes five times as many). Whatever the memory holds (unsorted values in device mode)
     it reads nothing outside ``ptr[0 .. size - 1]``, ends, and returns a count in 0 .. size. int32 (M,)."""
     j = tl.arange(0, FAN)
     lo = (targets * 0).to(tl.int32)  # every element below lo counts, none from hi on
@@ -114,7 +123,7 @@ def _segment_bounds(offsets_ptr, ids_ptr, s, live, N, IDS: tl.constexpr):
 @triton.jit
 def _workspace(ws_ptr, slots, D, ACC: tl.constexpr, REDUCE: tl.constexpr):
     """The long chunks' workspace, one int32 buffer: (partial values (slots, D) in ACC, partial args (slots, D)
-    int32 (max / min only; sums get none), tags (slots,) int32)."""
+    int32 (max / min only; sums get none), tags (slots, column blocks) int32)."""
     values = ws_ptr.to(tl.pointer_type(ACC), bitcast=True)
     args = ws_ptr + slots.to(tl.int64) * D * (2 if ACC == tl.float64 else 1)
     tags = args
@@ -204,14 +213,16 @@ def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, 
         rows = start + t * L
         live = rows < stop
         if CHECK_IDS:
-            # verify: unreached (device mode, ids form: CUDA by default; tests/test_segment.py)
             wrong = wrong | (live & (tl.load(ids_ptr + rows, mask=live, other=0) != seg)).to(tl.int32)
         m2 = live[:, None] & cmask[None, :]
         at = rows.to(tl.int64)[:, None] * stride_r + cols64[None, :] * stride_c
-        x = tl.load(src_ptr + at, mask=m2, other=0.0).to(ACC)
+        if PARTIALS:  # written by other programs in this launch: read from L2
+            x = tl.load(src_ptr + at, mask=m2, other=0.0, cache_modifier=".cg").to(ACC)
+        else:
+            x = tl.load(src_ptr + at, mask=m2, other=0.0).to(ACC)
         if REDUCE >= 2:
             if PARTIALS:
-                i = tl.load(src_i_ptr + at, mask=m2, other=BIG)
+                i = tl.load(src_i_ptr + at, mask=m2, other=BIG, cache_modifier=".cg")
             else:
                 if REDUCE == 3:
                     x = -x
@@ -231,14 +242,34 @@ def _reduce_lanes(src_ptr, src_i_ptr, ids_ptr, seg, start, stop, cols64, cmask, 
 
 
 @triton.jit
+def _finished_by_last_chunk(offsets_ptr, ids_ptr, s, a, b, long, N, S, SHORT: tl.constexpr,
+                            MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr,
+                            IDS: tl.constexpr):
+    """For the long segments ``s`` (rows a .. b - 1, where ``long``): whether the long program of the segment's last
+    chunk exists and finds ``s`` (the search :func:`_long_chunk` runs), so that it writes the output. Always so for a
+    valid index; where not, the short part writes NaN instead, and every output is written exactly once."""
+    q = a // SHORT + tl.cdiv(b - a, chunk_rows(b - a, MIN_CHUNK, DOUBLINGS, TARGET)) - 1
+    row = tl.where(long, (q + 1) * SHORT - 1, 0)
+    exists = long & (q < N // SHORT)
+    if IDS:
+        found = tl.load(ids_ptr + row, mask=exists, other=0).to(tl.int32)
+        found = tl.minimum(tl.maximum(found, 0), tl.maximum(S - 1, 0))
+    else:
+        # size 0 where not long: a group without long segments searches nothing
+        found = tl.maximum(_count_below(offsets_ptr, row, tl.where(long, S + 1, 0), False) - 1, 0)
+    return exists & (found == s)
+
+
+@triton.jit
 def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D, stride_xn, stride_xd, empty,
                     ends_ok, cols64, cmask, SHORT: tl.constexpr, SHORT_LANES: tl.constexpr,
                     SHORT_GROUPS: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
+                    MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr,
                     ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr):
-    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones write their output, the invalid ones NaN,
-    the long ones NaN until the combine pass writes them (a long segment it never reaches, possible only with a bad
-    index, stays NaN). IDS: the group's bounds are written to the offsets (column block 0; segment 0's start by
-    program 0)."""
+    """Segments pid G .. pid G + G - 1 (G = SHORT_GROUPS): the short ones write their output, the invalid ones NaN;
+    the long ones are written by the program of their last chunk (:func:`_finished_by_last_chunk`; NaN here where
+    that program would find another segment, possible only with a bad index). IDS: the group's bounds are written
+    to the offsets (column block 0; segment 0's start by program 0)."""
     sg = pid * SHORT_GROUPS + tl.arange(0, SHORT_GROUPS)
     ag, bg, valid_g = _segment_bounds(offsets_ptr, ids_ptr, sg, sg < S, N, IDS)
     if IDS:
@@ -254,27 +285,61 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
                                 cols64, cmask, stride_xn, stride_xd, SHORT_GROUPS, SHORT_LANES, BD, REDUCE, ACC,
                                 False, CHECK_IDS)
     length = bg - ag
-    bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg)
-    long = ~bad & (length > SHORT)  # written NaN here, then by the combine pass: never left unwritten
-    mine = (sg < S)[:, None] & cmask[None, :]
+    long = valid_g & (length > SHORT)
+    finished = _finished_by_last_chunk(offsets_ptr, ids_ptr, sg, ag, bg, long, N, S, SHORT, MIN_CHUNK, DOUBLINGS,
+                                       TARGET, IDS)
+    bad = ~valid_g | (wrong != 0) | ~_block(ends_ok, sg) | long  # a long segment here: one nobody else finishes
+    mine = ((sg < S) & ~finished)[:, None] & cmask[None, :]
     value = _finish(v, tl.maximum(length, 1).to(ACC)[:, None], REDUCE)
     value = tl.where((length == 0)[:, None], empty, value)
-    value = tl.where((bad | long)[:, None], float("nan"), value)
+    value = tl.where(bad[:, None], float("nan"), value)
     out_at = sg.to(tl.int64)[:, None] * D + cols64[None, :]
     tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=mine)
     if STORE_ARG:
-        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad | long)[:, None], -1, i), mask=mine)
+        tl.store(arg_ptr + out_at, tl.where(((length == 0) | bad)[:, None], -1, i), mask=mine)
 
 
 @triton.jit
-def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q, N, S, D, stride_xn, stride_xd,
-                cols64, cmask, SHORT: tl.constexpr, LANES: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr,
-                ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr):
-    """Workspace slot q: chunk q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there is
-    one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag is
-    written by every call, so the combine pass never reads a stale one). The segment: a binary search over the
-    offsets, or (IDS) the row's id, clamped into 0 .. S - 1 (its bounds are then checked like any other)."""
+def _wait_published(flags_ptr, first, stop, epoch, LANES: tl.constexpr):
+    """Wait until the programs of slots ``first .. stop - 1`` (this column block) have published their partials in
+    this call (flag == ``epoch``, read with acquire semantics, LANES slots at a time), then a barrier; at most POLLS
+    polls. True when they all have."""
+    columns = tl.num_programs(1)
+    column = tl.program_id(1)
+    lane = tl.arange(0, LANES)
+    t = first
+    polls = 0
+    while (t < stop) & (polls < POLLS):
+        slot = t + lane
+        live = slot < stop
+        seen = tl.atomic_or(flags_ptr + slot.to(tl.int64) * columns + column, 0, mask=live, sem="acquire",
+                            scope="gpu")
+        t = tl.where(tl.max((live & (seen != epoch)).to(tl.int32), axis=0) == 0, t + LANES, t)
+        polls += 1
+    tl.debug_barrier()
+    return t >= stop
+
+
+@triton.jit
+def _publish(flags_ptr, q, epoch):
+    """Slot q's partial (this column block) is written: a barrier (every thread's stores are done), then the flag
+    set to ``epoch`` with release semantics."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flags_ptr + q.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), epoch, sem="release",
+                   scope="gpu")
+
+
+@triton.jit
+def _long_chunk(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr, tag_ptr, flags_ptr, epoch, q,
+                N, S, D, stride_xn, stride_xd, cols64, cmask, SHORT: tl.constexpr, LANES: tl.constexpr,
+                COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
+                REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr,
+                CHECK_IDS: tl.constexpr):
+    """Workspace slot q: chunk j = q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there
+    is one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag
+    is written by every call, so no stale one is read), and the slot is published (:func:`_publish`). The program
+    of the segment's last chunk then finishes the segment (:func:`_combine_segment`). The segment: a binary search
+    over the offsets, or (IDS) the row's id, clamped into 0 .. S - 1 (its bounds are then checked like any other)."""
     row = (q + 1) * SHORT - 1
     if IDS:
         s = tl.load(ids_ptr + row).to(tl.int32)  # row < N: the grid has N // SHORT long programs
@@ -289,7 +354,8 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
     length = b - a
     rows = chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET)
     j = q - a // SHORT
-    real = valid & (length > SHORT) & (j >= 0) & (j < tl.cdiv(length, rows))  # j * rows could overflow
+    chunks = tl.cdiv(length, rows)
+    real = valid & (length > SHORT) & (j >= 0) & (j < chunks)  # j * rows could overflow
     lo = tl.where(real, a + j * rows, 0)
     hi = tl.where(real, tl.minimum(lo + rows, b), 0)
     lane = tl.arange(0, LANES)
@@ -301,22 +367,30 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, q,
     tl.store(part_v_ptr + part_at, v, mask=keep)
     if REDUCE >= 2:
         tl.store(part_i_ptr + part_at, i, mask=keep)
-    tl.store(tag_ptr + q, tl.where(real, s, -1), mask=tl.program_id(1) == 0)
+    tl.store(tag_ptr + q.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), tl.where(real, s, -1))
+    _publish(flags_ptr, q, epoch)
+    if valid & (length > SHORT) & (j == chunks - 1):  # the last chunk (the short part leaves the segment to it)
+        first = a // SHORT
+        ready = _wait_published(flags_ptr, first, q, epoch, COMBINE_LANES)
+        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, s, first, q + 1, length, D,
+                         ready & _index_ends_ok(offsets_ptr, ids_ptr, N, S, IDS), cols64, cmask, COMBINE_LANES, BD,
+                         REDUCE, STORE_ARG, ACC)
 
 
-@triton.jit(do_not_specialize=("N", "S", "long_programs", "short_programs"))  # sizes that change per batch: runtime
+@triton.jit(do_not_specialize=("N", "S", "long_programs", "short_programs", "epoch"))  # per-call values: runtime
 def segment_chunk_kernel(
-    x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, ws_ptr,
+    x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, ws_ptr, flags_ptr, epoch,
     N, S, D, long_programs, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
     SHORT: tl.constexpr, SHORT_LANES: tl.constexpr, SHORT_GROUPS: tl.constexpr, LANES: tl.constexpr,
-    MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
+    COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
     REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr,
 ):
-    """``long_programs`` programs (N // SHORT workspace slots) reduce one chunk of a long segment each
-    (:func:`_long_chunk`), ``short_programs`` the short segments (:func:`_short_segments`); column block
-    ``program_id(1)``. The two kinds alternate in the grid (the longer list's rest last), so that the long
-    programs' searches, idle ones included, overlap the short ones' streaming. ``empty`` arrives as two float32
-    halves (:func:`provable_kernels.launch.float_halves`)."""
+    """``long_programs`` programs (N // SHORT workspace slots) reduce one chunk of a long segment each, the last
+    chunk's program finishing the segment (:func:`_long_chunk`), ``short_programs`` the short segments
+    (:func:`_short_segments`); column block ``program_id(1)``. The two kinds alternate in the grid (the longer
+    list's rest last), so that the long programs' searches, idle ones included, overlap the short ones' streaming.
+    ``empty`` arrives as two float32 halves (:func:`provable_kernels.launch.float_halves`), ``flags_ptr`` holds the
+    slots' flags (long_programs, column blocks) and ``epoch`` is this call's flag value (module doc)."""
     pid = tl.program_id(0)
     both = tl.minimum(long_programs, short_programs)
     alternating = pid < 2 * both
@@ -327,84 +401,39 @@ def segment_chunk_kernel(
     cols64 = cols.to(tl.int64)
     if is_long:
         part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, long_programs, D, ACC, REDUCE)
-        _long_chunk(x_ptr, offsets_ptr, ids_ptr, part_v_ptr, part_i_ptr, tag_ptr, index, N, S, D,
-                    stride_xn, stride_xd, cols64, cmask, SHORT, LANES, MIN_CHUNK, DOUBLINGS, TARGET, BD, REDUCE,
-                    ACC, IDS, CHECK_IDS)
+        _long_chunk(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr, tag_ptr, flags_ptr, epoch,
+                    index, N, S, D, stride_xn, stride_xd, cols64, cmask, SHORT, LANES, COMBINE_LANES, MIN_CHUNK,
+                    DOUBLINGS, TARGET, BD, REDUCE, STORE_ARG, ACC, IDS, CHECK_IDS)
     else:
         empty = float_scalar(EMPTY_HI, EMPTY_LO, ACC == tl.float64)
         _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, index, N, S, D, stride_xn,
                         stride_xd, empty, _index_ends_ok(offsets_ptr, ids_ptr, N, S, IDS), cols64, cmask, SHORT,
-                        SHORT_LANES, SHORT_GROUPS, BD, REDUCE, STORE_ARG, ACC, IDS, CHECK_IDS)
+                        SHORT_LANES, SHORT_GROUPS, BD, REDUCE, STORE_ARG, MIN_CHUNK, DOUBLINGS, TARGET, ACC, IDS,
+                        CHECK_IDS)
 
 
 @triton.jit
-def _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, s, start, length, D, ends_ok, cols64, cmask,
-                     LANES: tl.constexpr, SHORT: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr,
-                     TARGET: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
+def _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, s, first, stop, length, D, ok, cols64,
+                     cmask, LANES: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
                      ACC: tl.constexpr):
-    """Long segment s (rows start .. start + length - 1): its partials, in slots start // SHORT .. + chunks - 1,
-    reduced by LANES lanes (lane l reads partials l, l + LANES, ...), as the chunk kernel reduces rows. NaN when a
-    slot's tag is not s or the offsets' ends are wrong."""
+    """Long segment s of ``length`` rows: its partials, in slots ``first .. stop - 1``, reduced by LANES lanes (lane
+    l reads partials l, l + LANES, ...), as a program of short segments reduces rows. NaN when a slot's tag (this column block)
+    is not s or not ``ok`` (the index's ends, and every slot published)."""
     lane = tl.arange(0, LANES)
-    first = start // SHORT
-    stop = first + tl.cdiv(length, chunk_rows(length, MIN_CHUNK, DOUBLINGS, TARGET))
     v, i, _ = _reduce_lanes(part_v_ptr, part_i_ptr, tag_ptr, s, first + lane, stop + lane * 0, cols64, cmask,
                             D, 1, 1, LANES, BD, REDUCE, ACC, True, False)
     foreign = tl.zeros([LANES], tl.int32)
     for t in range(0, tl.cdiv(stop - first, LANES)):
         slot = first + t * LANES + lane
-        foreign = foreign | (tl.load(tag_ptr + slot, mask=slot < stop, other=s) != s).to(tl.int32)
-    bad = (tl.max(foreign, axis=0) != 0) | ~ends_ok
+        tag = tl.load(tag_ptr + slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), mask=slot < stop,
+                      other=s, cache_modifier=".cg")
+        foreign = foreign | (tag != s).to(tl.int32)
+    bad = (tl.max(foreign, axis=0) != 0) | ~ok
     value = tl.where(bad, float("nan"), _finish(v, length.to(ACC), REDUCE))
     out_at = s.to(tl.int64) * D + cols64[None, :]
     tl.store(out_ptr + out_at, value.to(out_ptr.dtype.element_ty), mask=cmask[None, :])
     if STORE_ARG:
         tl.store(arg_ptr + out_at, tl.where(bad, -1, i), mask=cmask[None, :])
-
-
-@triton.jit
-def _next(todo, GROUP: tl.constexpr):
-    """The first member still to do (GROUP when none)."""
-    return tl.min(todo, axis=0)
-
-
-@triton.jit
-def _pick(values, member, k):
-    """``values[k]`` of a vector (exact: one nonzero term)."""
-    return tl.sum(tl.where(member == k, values, 0), axis=0)
-
-
-@triton.jit(do_not_specialize=("N", "S", "slots"))  # sizes that change per batch compile nothing
-def segment_combine_kernel(
-    offsets_ptr, ws_ptr, out_ptr, arg_ptr, N, S, D, slots,
-    GROUP: tl.constexpr, LANES: tl.constexpr, SHORT: tl.constexpr, MIN_CHUNK: tl.constexpr,
-    DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
-    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr,
-):
-    """Program (p, q) finishes, one after the other (:func:`_combine_segment`), the long segments that start in
-    the rows of workspace slots p GROUP .. p GROUP + GROUP - 1 (slot k: rows k SHORT .. k SHORT + SHORT - 1). A
-    long segment (more than SHORT rows) is the last segment to start in its slot's rows, so each one is found by
-    one search (:func:`segment_at`'s, per slot) and finished by exactly one program, whatever S is; the short ones
-    were written by the chunk kernel (``slots``: its long programs)."""
-    part_v_ptr, part_i_ptr, tag_ptr = _workspace(ws_ptr, slots, D, ACC, REDUCE)
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    cmask = cols < D
-    cols64 = cols.to(tl.int64)
-    ends_ok = _ends_ok(offsets_ptr, N, S)
-    member = tl.arange(0, GROUP)
-    slot = tl.program_id(0) * GROUP + member
-    live = slot < slots
-    sg = tl.maximum(_count_below(offsets_ptr, (slot + 1) * SHORT - 1, S + 1, False) - 1, 0)
-    a, b, valid = _bounds(offsets_ptr, sg, live & (sg < S), N)
-    todo = tl.where(valid & (b - a > SHORT) & (a // SHORT == slot), member, GROUP)
-    k = _next(todo, GROUP)
-    while k < GROUP:
-        start = _pick(a, member, k)
-        _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, _pick(sg, member, k), start,
-                         _pick(b, member, k) - start, D, ends_ok, cols64, cmask, LANES, SHORT, MIN_CHUNK, DOUBLINGS,
-                         TARGET, BD, REDUCE, STORE_ARG, ACC)
-        todo = tl.where(member == k, GROUP, todo)
-        k = _next(todo, GROUP)
 
 
 @triton.jit

@@ -131,7 +131,6 @@ def bind_scores(meta: tuple, cum_scores, transition, duration_bias, lengths, pro
     floats = ((cum_scores, False), (transition, True), (duration_bias, True), (proj_start, True), (proj_end, True))
     fused_failed = False
     if triton_runs(use_triton, device, C):
-        # verify: unreached (device mode, where the kernels check: CUDA calls by default; tests on the CPU)
         if not validate.host_reads_allowed(cum_scores, at_sync_point=at_sync_point):
             return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end)
         if fused_checks.usable(cum_scores):  # one launch instead of a reduction per check, and the zero row
@@ -209,6 +208,7 @@ def bind(op: str, meta: tuple, cum_scores, transition, duration_bias, lengths, K
                          use_triton=use_triton)
 
 
+# verify: unreached (check and bind in one call, for callers outside the runtime, which runs them itself: the tests)
 def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, proj_start, proj_end,
               use_triton) -> StreamingCall:
     """Validate every argument (:func:`check`, then :func:`bind`) and bundle them into a :class:`StreamingCall`."""

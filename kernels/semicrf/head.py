@@ -205,7 +205,7 @@ class SemiMarkovCRFHead(nn.Module):
         given (else they run now; see the host-sync policy)."""
         device = self.duration_bias.device
         for name, parameter in self.named_parameters():  # a module split over devices: named, not a RuntimeError
-            if parameter.device != device:
+            if parameter.device != device:  # verify: unreached (one device per module in verify; tests/test_semicrf_head.py)
                 raise ValueError(f"{name} must be on {device} (the device of duration_bias), got {parameter.device}")
         hidden = validate.tensor("hidden", hidden, ndim=3, dtypes=HIDDEN_DTYPES, device=device)
         B, T, features = hidden.shape
