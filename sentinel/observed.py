@@ -117,9 +117,10 @@ def _child(conn: Any, job: Callable[[], tuple[bool, str]]) -> None:
     conn.close()
 
 
-def in_child(job: Callable[[], tuple[bool, str]], context: str, limit: float = TIME_LIMIT) -> tuple[bool, str]:
+def in_child(job: Callable[[], tuple[bool, Any]], context: str, limit: float = TIME_LIMIT) -> tuple[bool, Any]:
     """``job()`` in a child process of the multiprocessing ``context`` (``fork``: ``job`` may be any callable;
-    ``spawn``: a picklable one). A child that dies or runs past ``limit`` seconds counts as noticed."""
+    ``spawn``: a picklable one). A child that raises, dies or runs past ``limit`` seconds gives ``(True, what
+    happened)``: noticed (a kernel-less run), or raised (a device-mode run)."""
     ctx = multiprocessing.get_context(context)
     receive, send = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child, args=(send, job), daemon=True)

@@ -9,6 +9,7 @@ exception inside one failing that check only. :mod:`kernel_sentinel.verify` and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_
 from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
 from kernel_sentinel.generic import GENERIC_CHECKS, Probe, error_text
 from kernel_sentinel.invariance import batch_invariance
-from kernel_sentinel.observed import observe
+from kernel_sentinel.observed import in_child, observe
 from kernel_sentinel.records import CheckResult, RouteResult
 
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS + ("observed", "batch")
@@ -257,7 +258,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         return CheckResult("bad_input", False, "no bad input declared for this route", repro)
     base = run.case("tiny")
     notes, poisoned = [], 0
-    for item in items:
+    for index, item in enumerate(items):
         label = f"{item.argument} ({item.what})"
         try:
             with value_checks("sync"):  # named errors on a GPU too (device mode would poison or assert instead)
@@ -266,7 +267,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
             if not str(exc).startswith(item.argument):
                 notes.append(f"{label}: message does not start with {item.argument!r}: {error_text(exc)}")
             else:
-                problem, raised = _device_mode_problem(run, item.make(base))
+                problem, raised = _device_mode_problem(run, index)
                 poisoned += not raised
                 if problem:
                     notes.append(f"{label}: {problem}")
@@ -279,21 +280,51 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     return _summarized("bad_input", notes, summary, (), repro)
 
 
-def _device_mode_problem(run: RouteRun, case: Case) -> tuple[Optional[str], bool]:
-    """A wrong argument the host checks reject, in device mode (the CUDA default: nothing read on the host, the
-    kernels check what they read): it must raise (a metadata check, an entry point that reads its results on the
-    host anyway, the device assertion of ``validate.DataChecks.verify``, or the interpreter refusing the poisoned
-    values) or give NaN or an infinity somewhere in the outputs and gradients (the families poison with NaN; an
-    infinite input may also come out infinite), never only finite numbers. Returns (the problem or None, whether it
+def _device_mode_problem(run: RouteRun, index: int) -> tuple[Optional[str], bool]:
+    """The route's bad input ``index`` (among those declared for it), which the host checks reject, in device mode
+    (the CUDA default: nothing read on the host, the kernels check what they read): it must raise (a metadata check,
+    an entry point that reads its results on the host anyway, the device assertion of
+    ``validate.DataChecks.verify``, or the interpreter refusing the poisoned values) or give NaN or an infinity
+    somewhere in the outputs and gradients (the families poison with NaN; an infinite input may also come out
+    infinite), never only finite numbers. On a GPU the call runs in a spawned process: a device assertion ends the
+    CUDA context it fires in (a process that dies counts as raised). Returns (the problem or None, whether it
     raised)."""
+    if run.options.device.type == "cpu":
+        raised, finite = _device_mode_run(run.family, run.route_id, run.case("tiny"), index)
+    else:
+        job = functools.partial(_spawned_device_mode_run, run.family.name, run.route_id, "tiny",
+                                str(run.dtype).removeprefix("torch."), run.options.device.type, run.options.seed,
+                                index)
+        raised, finite = in_child(job, "spawn")
+    if raised or not finite:
+        return None, raised
+    return "device mode returned only numbers (a bad value became a silent number)", False
+
+
+def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> tuple[bool, bool]:
+    """(whether the route raised, whether every output was finite) for its bad input ``index`` in device mode."""
+    item = [b for b in family.bad_inputs if matches(route_id, b.routes)][index]
     try:
         with value_checks("device"):
-            outputs = run.family.run(case)
+            outputs = family.run(item.make(base))
     except Exception:  # loud, not a silent number
-        return None, True
-    if non_finite(outputs):
-        return None, False
-    return "device mode returned only numbers (a bad value became a silent number)", False
+        return True, False
+    return False, not non_finite(outputs)
+
+
+def _spawned_device_mode_run(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
+                             index: int) -> tuple[bool, bool]:
+    """:func:`_device_mode_run` in a spawned process: the family and case rebuilt from their names."""
+    from kernel_sentinel import device as devices
+    from kernel_sentinel import registry
+
+    devices.prepare(device)
+    family = registry.family(family_name)
+    base = family.make_case(route_id, size=size, dtype=getattr(torch, dtype), device=torch.device(device), seed=seed)
+    raised, finite = _device_mode_run(family, route_id, base, index)
+    if device != "cpu":
+        torch.cuda.synchronize()  # a device assertion fired asynchronously raises here (the child then reports it)
+    return raised, finite
 
 
 def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
