@@ -257,7 +257,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     if not items:
         return CheckResult("bad_input", False, "no bad input declared for this route", repro)
     base = run.case("tiny")
-    notes, poisoned = [], 0
+    notes, rejected = [], []
     for index, item in enumerate(items):
         label = f"{item.argument} ({item.what})"
         try:
@@ -267,38 +267,46 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
             if not str(exc).startswith(item.argument):
                 notes.append(f"{label}: message does not start with {item.argument!r}: {error_text(exc)}")
             else:
-                problem, raised = _device_mode_problem(run, index)
-                poisoned += not raised
-                if problem:
-                    notes.append(f"{label}: {problem}")
+                rejected.append(index)
         except Exception as exc:
             notes.append(f"{label}: raised {error_text(exc)}, expected ValueError or TypeError")
         else:
             notes.append(f"{label}: accepted without error")
+    poisoned = 0
+    for index, (raised, finite) in _device_mode_runs(run, rejected).items():
+        poisoned += not raised
+        if not raised and finite:
+            notes.append(f"{items[index].argument} ({items[index].what}): device mode returned only numbers (a bad "
+                         f"value became a silent number)")
     summary = (f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them; in "
                f"device mode {poisoned} of them gave non-finite results, the others raised")
     return _summarized("bad_input", notes, summary, (), repro)
 
 
-def _device_mode_problem(run: RouteRun, index: int) -> tuple[Optional[str], bool]:
-    """The route's bad input ``index`` (among those declared for it), which the host checks reject, in device mode
-    (the CUDA default: nothing read on the host, the kernels check what they read): it must raise (a metadata check,
-    an entry point that reads its results on the host anyway, the device assertion of
+def _device_mode_runs(run: RouteRun, indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
+    """The route's bad inputs ``indices`` (among those declared for it), which the host checks reject, in device
+    mode (the CUDA default: nothing read on the host, the kernels check what they read): each must raise (a
+    metadata check, an entry point that reads its results on the host anyway, the device assertion of
     ``validate.DataChecks.verify``, or the interpreter refusing the poisoned values) or give NaN or an infinity
     somewhere in the outputs and gradients (the families poison with NaN; an infinite input may also come out
-    infinite), never only finite numbers. On a GPU the call runs in a spawned process: a device assertion ends the
-    CUDA context it fires in (a process that dies counts as raised). Returns (the problem or None, whether it
-    raised)."""
+    infinite), never only finite numbers. Returns ``{index: (whether it raised, whether every output was
+    finite)}``. On a GPU the calls run in a spawned process, since a device assertion ends the CUDA context it fires
+    in: after one, a new process goes on with the rest (a process that dies counts as raised)."""
     if run.options.device.type == "cpu":
-        raised, finite = _device_mode_run(run.family, run.route_id, run.case("tiny"), index)
-    else:
-        job = functools.partial(_spawned_device_mode_run, run.family.name, run.route_id, "tiny",
+        base = run.case("tiny")
+        return {index: _device_mode_run(run.family, run.route_id, base, index) for index in indices}
+    results: dict[int, tuple[bool, bool]] = {}
+    pending = list(indices)
+    while pending:
+        job = functools.partial(_spawned_device_mode_runs, run.family.name, run.route_id, "tiny",
                                 str(run.dtype).removeprefix("torch."), run.options.device.type, run.options.seed,
-                                index)
-        raised, finite = in_child(job, "spawn")
-    if raised or not finite:
-        return None, raised
-    return "device mode returned only numbers (a bad value became a silent number)", False
+                                tuple(pending))
+        done = in_child(job, "spawn")
+        if not isinstance(done, list):  # the process died at the first of them
+            done = [(True, False)]
+        results.update(zip(pending, done))
+        pending = pending[len(done):]
+    return results
 
 
 def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> tuple[bool, bool]:
@@ -312,19 +320,26 @@ def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> t
     return False, not non_finite(outputs)
 
 
-def _spawned_device_mode_run(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
-                             index: int) -> tuple[bool, bool]:
-    """:func:`_device_mode_run` in a spawned process: the family and case rebuilt from their names."""
+def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
+                              indices: tuple[int, ...]) -> list[tuple[bool, bool]]:
+    """:func:`_device_mode_run` of each of ``indices`` in a spawned process (the family and case rebuilt from their
+    names), up to the first after which the CUDA context is unusable (a device assertion): the results so far."""
     from kernel_sentinel import device as devices
     from kernel_sentinel import registry
 
     devices.prepare(device)
     family = registry.family(family_name)
     base = family.make_case(route_id, size=size, dtype=getattr(torch, dtype), device=torch.device(device), seed=seed)
-    raised, finite = _device_mode_run(family, route_id, base, index)
-    if device != "cpu":
-        torch.cuda.synchronize()  # a device assertion fired asynchronously raises here (the child then reports it)
-    return raised, finite
+    results = []
+    for index in indices:
+        try:
+            outcome = _device_mode_run(family, route_id, base, index)
+            if device != "cpu":
+                torch.cuda.synchronize()  # an asynchronous device assertion raises here
+        except Exception:  # the context is gone: this one raised, a new process goes on with the rest
+            return [*results, (True, False)]
+        results.append(outcome)
+    return results
 
 
 def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:

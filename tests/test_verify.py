@@ -137,24 +137,24 @@ def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family)
 
 
 def test_device_mode_bad_input_in_a_spawned_process_matches_in_process():
-    """On a GPU the device-mode half of bad_input runs each bad input in a spawned process (a device assertion ends
-    the CUDA context it fires in): the process rebuilds the family and case by name and reports what the same run
-    in this process reports (here on the CPU)."""
+    """On a GPU the device-mode half of bad_input runs the bad inputs in a spawned process (a device assertion ends
+    the CUDA context it fires in): one process rebuilds the family and case by name and runs the bad inputs one
+    after the other (a new one goes on after a device assertion), reporting what the same runs in this process
+    report (here on the CPU)."""
     import functools
 
     from kernel_sentinel import registry
     from kernel_sentinel.family import matches
     from kernel_sentinel.observed import in_child
-    from kernel_sentinel.rows import _device_mode_run, _spawned_device_mode_run
+    from kernel_sentinel.rows import _device_mode_run, _spawned_device_mode_runs
 
     family, route = registry.family("sinkhorn"), "sinkhorn.torch.log.train"
     base = family.make_case(route, size="tiny", dtype=torch.float32, device=torch.device("cpu"), seed=0)
     count = len([b for b in family.bad_inputs if matches(route, b.routes)])
     assert count >= 2
-    for index in (0, count - 1):
-        here = _device_mode_run(family, route, base, index)
-        job = functools.partial(_spawned_device_mode_run, "sinkhorn", route, "tiny", "float32", "cpu", 0, index)
-        assert in_child(job, "spawn") == here, index
+    indices = tuple(range(count))
+    job = functools.partial(_spawned_device_mode_runs, "sinkhorn", route, "tiny", "float32", "cpu", 0, indices)
+    assert in_child(job, "spawn") == [_device_mode_run(family, route, base, index) for index in indices]
 
 
 def test_compare_measures_errors_and_handles_infinities():

@@ -215,8 +215,7 @@ class _PreparedTraining(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved, cum, trans, dur, ps, pe, lengths = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph: the op whose own backward raises SecondOrderError
-            # verify: unreached (create_graph=True: tests/test_semicrf_training.py, second order refused)
+        if torch.is_grad_enabled():  # verify: unreached (create_graph: the op refusing second order; tests)
             grads = iter(_log_backward_op(cum, trans, dur, lengths, ps, pe, [saved], grad, ctx.K, "triton"))
             return (next(grads), next(grads), next(grads), None if ps is None else next(grads),
                     None if pe is None else next(grads), None, None, None)
