@@ -16,8 +16,8 @@ context would be lost), and none of that may touch the verifying process. A run 
 :data:`TIME_LIMIT` seconds (e.g. a loop bounded by a poisoned count) is killed and counts as noticed: the
 verification would not finish.
 
-What it cannot see: kernels the case does not launch (a kernel that runs only on other inputs, e.g. segment's
-combine pass for segments within one chunk, is observed only on the routes whose case launches it), and each
+What it cannot see: kernels the case does not launch (a kernel that runs only on other inputs is observed only on
+the routes whose case launches it), and each
 kernel is removed as a whole (all its launches), not launch by launch. A route that launches no Triton kernel
 (a PyTorch route) passes with "not applicable".
 """

@@ -363,7 +363,7 @@ def check_opcheck(run: RouteRun, repro: str) -> CheckResult:
 
 
 def check_observed(run: RouteRun, repro: str) -> CheckResult:
-    size = "small"  # --quick too: at tiny sizes a kernel may have nothing to do (segment's combine pass)
+    size = "small"  # --quick too: at tiny sizes a kernel may have nothing to do (segment's long segments)
     verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed)
     return _summarized("observed", verdict.problems, verdict.summary, (), repro)
 

@@ -4,7 +4,7 @@
 Launches, compilations and graphs exist only for compiled kernels on a CUDA device (the interpreter has none of
 them), so this file runs on the GPU machine (``benchmarks/gpu_session.sh verify`` with ``VERIFY_EXTRAS=1``) and is
 skipped without CUDA. The limits are those of the site page "The call path" (``traces/guide/host-syncs.md``):
-semi-CRF forward 1, forward+backward <= 2; Sinkhorn 1 and 2; segment forward <= 2, forward+backward <= 3.
+semi-CRF forward 1, forward+backward <= 2; Sinkhorn 1 and 2; segment 1 and 2.
 """
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def _segment_inputs(rng: random.Random, big: bool) -> dict:
 FAMILIES = {
     "semicrf": Family(_semicrf_inputs, lambda a: semi_crf_streaming_forward(**a), 1, 2),
     "sinkhorn": Family(_sinkhorn_inputs, lambda a: sinkhorn(a["x"], 20, "log"), 1, 2),
-    "segment": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "max", offsets=a["offsets"]), 2, 3),
+    "segment": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "max", offsets=a["offsets"]), 1, 2),
     "segment-ids": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "sum", ids=a["ids"],
-                                                                    num_segments=a["num_segments"]), 2, 3),
+                                                                    num_segments=a["num_segments"]), 1, 2),
 }
 FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "segment": ("x",),
           "segment-ids": ("x",)}
