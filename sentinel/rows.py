@@ -21,7 +21,7 @@ import torch
 from kernel_sentinel import crossdevice, memory, opcheck
 from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
-from kernel_sentinel.family import Adversarial, Case, Family, Outputs, Property, matches
+from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Outputs, Property, matches
 from kernel_sentinel.generic import GENERIC_CHECKS, Probe, error_text
 from kernel_sentinel.invariance import batch_invariance
 from kernel_sentinel.observed import in_child, observe
@@ -252,8 +252,13 @@ def _guard_problem(run: RouteRun, item: Adversarial, base: Case) -> Optional[str
     return None
 
 
+def bad_inputs_of(family: Family, route_id: str) -> list[BadInput]:
+    """The family's bad inputs declared for ``route_id``, in declaration order (indexed by the device-mode runs)."""
+    return [b for b in family.bad_inputs if matches(route_id, b.routes)]
+
+
 def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
-    items = [b for b in run.family.bad_inputs if matches(run.route_id, b.routes)]
+    items = bad_inputs_of(run.family, run.route_id)
     if not items:
         return CheckResult("bad_input", False, "no bad input declared for this route", repro)
     base = run.case("tiny")
@@ -273,7 +278,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         else:
             notes.append(f"{label}: accepted without error")
     poisoned = 0
-    for index, (raised, finite) in _device_mode_runs(run, rejected).items():
+    for index, (raised, finite) in _device_mode_runs(run, base, rejected).items():
         poisoned += not raised
         if not raised and finite:
             notes.append(f"{items[index].argument} ({items[index].what}): device mode returned only numbers (a bad "
@@ -283,7 +288,7 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     return _summarized("bad_input", notes, summary, (), repro)
 
 
-def _device_mode_runs(run: RouteRun, indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
+def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
     """The route's bad inputs ``indices`` (among those declared for it), which the host checks reject, in device
     mode (the CUDA default: nothing read on the host, the kernels check what they read): each must raise (a
     metadata check, an entry point that reads its results on the host anyway, the device assertion of
@@ -291,18 +296,26 @@ def _device_mode_runs(run: RouteRun, indices: Sequence[int]) -> dict[int, tuple[
     somewhere in the outputs and gradients (the families poison with NaN; an infinite input may also come out
     infinite), never only finite numbers. Returns ``{index: (whether it raised, whether every output was
     finite)}``. On a GPU the calls run in a spawned process, since a device assertion ends the CUDA context it fires
-    in: after one, a new process goes on with the rest (a process that dies counts as raised)."""
+    in: after one, a new process goes on with the rest (:func:`_in_turn`)."""
     if run.options.device.type == "cpu":
-        base = run.case("tiny")
         return {index: _device_mode_run(run.family, run.route_id, base, index) for index in indices}
+    return _in_turn(lambda pending: in_child(functools.partial(
+        _spawned_device_mode_runs, run.family.name, run.route_id, "tiny", str(run.dtype).removeprefix("torch."),
+        run.options.device.type, run.options.seed, pending), "spawn"), indices)
+
+
+def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
+    """The results of ``spawn(pending)`` (a child process's :func:`_spawned_device_mode_runs`, or
+    :func:`kernel_sentinel.observed.in_child`'s ``(True, what happened)``) for ``indices``, a new child going on
+    after each one that stopped early. A child that died or ran past its time counts as raised at the first of its
+    bad inputs; one that raised could not set the route up, which fails the check (it must not pass unchecked)."""
     results: dict[int, tuple[bool, bool]] = {}
-    pending = list(indices)
+    pending = tuple(indices)
     while pending:
-        job = functools.partial(_spawned_device_mode_runs, run.family.name, run.route_id, "tiny",
-                                str(run.dtype).removeprefix("torch."), run.options.device.type, run.options.seed,
-                                tuple(pending))
-        done = in_child(job, "spawn")
-        if not isinstance(done, list):  # the process died at the first of them
+        done = spawn(pending)
+        if not isinstance(done, list):
+            if str(done[1]).startswith("raised"):
+                raise RuntimeError(f"the device-mode process could not run the route's bad inputs: {done[1]}")
             done = [(True, False)]
         results.update(zip(pending, done))
         pending = pending[len(done):]
@@ -311,7 +324,7 @@ def _device_mode_runs(run: RouteRun, indices: Sequence[int]) -> dict[int, tuple[
 
 def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> tuple[bool, bool]:
     """(whether the route raised, whether every output was finite) for its bad input ``index`` in device mode."""
-    item = [b for b in family.bad_inputs if matches(route_id, b.routes)][index]
+    item = bad_inputs_of(family, route_id)[index]
     try:
         with value_checks("device"):
             outputs = family.run(item.make(base))

@@ -316,8 +316,9 @@ def test_device_mode_long_segments_bad_index(monkeypatch, form):
     """Device mode with long segments (several chunks, finished by their last chunk's program) and random bad
     indices: every output is written (allocations hold a marker value no reduction of the data gives), each segment
     is NaN or the exact reduction of its own rows (offsets form: its bounds when they are valid; ids form: every row
-    holding its id, where every lower id lies before them and every higher one after), some segment is NaN (a bad index is never silent), and a valid call afterwards gives bitwise what it gave before the bad ones (the flags and
-    workspace kept between calls hold nothing stale)."""
+    holding its id, where every lower id lies before them and every higher one after), some segment is NaN exactly
+    when the index is invalid (a bad index is never silent), and a valid call afterwards gives bitwise what it gave
+    before the bad ones (the flags and workspace kept between calls hold nothing stale)."""
     from provable_kernels import alloc, validate
 
     marker = 1234.5

@@ -144,17 +144,40 @@ def test_device_mode_bad_input_in_a_spawned_process_matches_in_process():
     import functools
 
     from kernel_sentinel import registry
-    from kernel_sentinel.family import matches
     from kernel_sentinel.observed import in_child
-    from kernel_sentinel.rows import _device_mode_run, _spawned_device_mode_runs
+    from kernel_sentinel.rows import _device_mode_run, _spawned_device_mode_runs, bad_inputs_of
 
     family, route = registry.family("sinkhorn"), "sinkhorn.torch.log.train"
     base = family.make_case(route, size="tiny", dtype=torch.float32, device=torch.device("cpu"), seed=0)
-    count = len([b for b in family.bad_inputs if matches(route, b.routes)])
+    count = len(bad_inputs_of(family, route))
     assert count >= 2
     indices = tuple(range(count))
     job = functools.partial(_spawned_device_mode_runs, "sinkhorn", route, "tiny", "float32", "cpu", 0, indices)
     assert in_child(job, "spawn") == [_device_mode_run(family, route, base, index) for index in indices]
+
+
+def test_device_mode_processes_go_on_after_a_death_and_fail_when_the_route_cannot_be_set_up():
+    """The device-mode runs in child processes (on a GPU): a child that stops after a bad input (a device assertion)
+    or dies hands the rest to a new one, a death counting as raised; a child that cannot set the route up at all
+    fails the check instead of counting every bad input as raised."""
+    import os
+
+    from kernel_sentinel.observed import in_child
+    from kernel_sentinel.rows import _in_turn
+
+    children = []
+
+    def asserts_at_1(pending):  # bad input 1 fires a device assertion: the child reports up to it and stops
+        children.append(pending)
+        done = [(index == 1, False) for index in pending]
+        return done[:pending.index(1) + 1] if 1 in pending else done
+
+    assert _in_turn(asserts_at_1, (0, 1, 2)) == {0: (False, False), 1: (True, False), 2: (False, False)}
+    assert children == [(0, 1, 2), (2,)]
+    assert _in_turn(lambda pending: in_child(lambda: os._exit(3), "fork"), (4, 5)) == {4: (True, False),
+                                                                                       5: (True, False)}
+    with pytest.raises(RuntimeError, match="could not run the route's bad inputs: raised KeyError"):
+        _in_turn(lambda pending: in_child(lambda: {}["no such family"], "fork"), (0,))
 
 
 def test_compare_measures_errors_and_handles_infinities():
