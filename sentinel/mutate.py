@@ -644,6 +644,7 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error("--record measures every route and the default files; drop --route / --files")
     summaries, failed = [], False
     for family in families:
+        commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end
         try:
             summary = mutate_family(family, args, REPO_ROOT)
         except RuntimeError as exc:
@@ -652,7 +653,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         if summary is None:
             continue
-        summary["commit"] = records.head_commit()
+        summary["commit"] = commit
         summary["date"] = time.strftime("%Y-%m-%d", time.gmtime())
         summaries.append(summary)
         print_summary(summary)

@@ -25,8 +25,9 @@ VITERBI = semi_crf_viterbi.__name__
 # A problem: sizes, lengths, 3-D transition (None: on the training routes), projections, ``unit_weights``. The small
 # case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the outside recursion starts at each
 # sequence's own length; an offset error shows only in b >= 1), 3-D transitions on the training routes, projections.
+# The tiny case's last sequence runs the full T: a read one row past an input's end leaves the tensor (memory check).
 SIZES = {"small": dict(B=3, T=20, K=3, C=3, lengths=(20, 13, 1), transition_3d=None, proj_start=True, proj_end=True),
-         "tiny": dict(B=2, T=5, K=3, C=2, lengths=(5, 3), transition_3d=False, proj_start=True, proj_end=True)}
+         "tiny": dict(B=2, T=5, K=3, C=2, lengths=(3, 5), transition_3d=False, proj_start=True, proj_end=True)}
 
 
 def fit(route_id: str, p: Any, device: torch.device) -> dict:
@@ -214,10 +215,20 @@ ADVERSARIAL = (
 STANDARD_BAD_INPUTS = dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
                            rejects_nan=TENSORS, rejects_inf=TENSORS)
 arg = lambda c, name: c.kwargs[name].detach()  # noqa: E731
+
+
+def _nan_in_padding(c: Any) -> torch.Tensor:
+    """``cum_scores`` with NaN in the last row of the shortest sequence (shorter than T in every size)."""
+    x = arg(c, "cum_scores").clone()
+    x[int(c.kwargs["lengths"].argmin()), -1] = math.nan
+    return x
+
+
 BAD_INPUTS = (
     ("cum_scores", "T = 0", lambda c: arg(c, "cum_scores")[:, :1]),
     ("cum_scores", "C = 0", lambda c: arg(c, "cum_scores")[..., :0]),
     ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", lambda c: arg(c, "cum_scores") + 1),
+    ("cum_scores", "NaN in the last row of the shortest sequence (padding past its length)", _nan_in_padding),
     ("transition", "shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)),
     ("transition", "twice as many rows", lambda c: torch.cat([arg(c, "transition")] * 2)),
     ("duration_bias", "shape (K+1, C)", lambda c: torch.cat([arg(c, "duration_bias")] * 2)),
