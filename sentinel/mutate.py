@@ -21,8 +21,9 @@ check: the mutant is then *killed*. A mutant that makes the process crash or run
 too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
-routes reach which lines (it must pass; else the verifier is broken and nothing is measured). A mutant on a line
-no route reaches survives (it is listed as unreached: a case is missing). Module-level lines count for every route.
+routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
+routes are dealt out over J workers and their coverage merged). A mutant on a line no route reaches survives (it is
+listed as unreached: a case is missing). Module-level lines count for every route.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -61,6 +62,7 @@ DEFAULT_FILES = ("triton_*.py", "torch_ops.py")  # a family's backend sources (f
 EQUIVALENTS = "equivalent_mutants.json"
 OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0  # a mutant may take 4x the unmutated run of its routes + 60 s
+BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
 ALL_ROUTES = "*"  # coverage context of import-time (module-level) lines
 
 FLIPPED_COMPARISONS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
@@ -369,15 +371,27 @@ class Baseline:
         return sorted(self.seconds) if ALL_ROUTES in reached else sorted(reached)
 
 
-def run_baseline(scratch: Scratch, family: str, routes: Sequence[str], seed: int) -> Baseline:
-    """Run every route unmutated under coverage; raise ``RuntimeError`` when it does not pass."""
-    out = scratch.dir / "_baseline.json"
-    code, last, _ = scratch.worker(family, routes, seed, timeout=3600, coverage_to=out)
-    if code != 0:
-        raise RuntimeError(f"the unmutated run of {family} fails, so no mutant can be measured: {last}")
-    data = json.loads(out.read_text())
-    lines = {f: {int(n): set(r) for n, r in by_line.items()} for f, by_line in data["lines"].items()}
-    return Baseline(lines, data["seconds"])
+def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int) -> Baseline:
+    """Run every route unmutated under coverage, the routes dealt out over ``scratches`` (run in parallel); raise
+    ``RuntimeError`` when it does not pass."""
+    groups = [list(routes[i::len(scratches)]) for i in range(len(scratches))]
+
+    def one(scratch: Scratch, group: list[str]) -> dict:
+        out = scratch.dir / "_baseline.json"
+        code, last, _ = scratch.worker(family, group, seed, timeout=BASELINE_LIMIT, coverage_to=out)
+        if code != 0:
+            raise RuntimeError(f"the unmutated run of {family} fails, so no mutant can be measured: {last}")
+        return json.loads(out.read_text())
+
+    used = [(s, g) for s, g in zip(scratches, groups) if g]
+    with concurrent.futures.ThreadPoolExecutor(len(used)) as pool:
+        parts = list(pool.map(lambda sg: one(*sg), used))
+    lines: dict[str, dict[int, set[str]]] = {}
+    for data in parts:
+        for f, by_line in data["lines"].items():
+            for n, reached in by_line.items():
+                lines.setdefault(f, {}).setdefault(int(n), set()).update(reached)
+    return Baseline(lines, {r: t for data in parts for r, t in data["seconds"].items()})
 
 
 def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline, seed: int) -> Outcome:
@@ -596,7 +610,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         scratches.put(s)
     try:
         console.err.print(f"{family.name}: unmutated run of {len(routes)} routes under coverage")
-        baseline = run_baseline(made[0], family.name, routes, args.seed)
+        baseline = run_baseline(made, family.name, routes, args.seed)
 
         def one(mutant: Mutant) -> Outcome:
             scratch = scratches.get()

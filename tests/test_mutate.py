@@ -85,6 +85,31 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
     assert summary["survivors"][0]["diff"] == mutants[2].diff()
 
 
+class _FakeScratch:
+    """A scratch whose worker records that each of its routes reaches line 3 (and import-time line 1), or fails."""
+
+    def __init__(self, directory: Path, fails: bool = False):
+        directory.mkdir()
+        self.dir, self.fails, self.ran = directory, fails, []
+
+    def worker(self, family, routes, seed, timeout, coverage_to=None):
+        self.ran += routes
+        coverage_to.write_text(json.dumps({"lines": {"k.py": {"3": list(routes), "1": [mutate.ALL_ROUTES]}},
+                                           "seconds": dict.fromkeys(routes, 1.0)}))
+        return (1, "route r2 float32 reference: off", False) if self.fails else (0, "", False)
+
+
+def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverage(tmp_path):
+    a, b = _FakeScratch(tmp_path / "a"), _FakeScratch(tmp_path / "b")
+    baseline = mutate.run_baseline([a, b], "fam", ["r1", "r2", "r3"], 0)
+    assert sorted(a.ran + b.ran) == ["r1", "r2", "r3"] and a.ran and b.ran
+    assert baseline.lines == {"k.py": {3: {"r1", "r2", "r3"}, 1: {mutate.ALL_ROUTES}}}
+    assert baseline.seconds == dict.fromkeys(["r1", "r2", "r3"], 1.0)
+    with pytest.raises(RuntimeError, match="unmutated run of fam fails.*reference: off"):
+        mutate.run_baseline([_FakeScratch(tmp_path / "c"), _FakeScratch(tmp_path / "d", fails=True)], "fam",
+                            ["r1", "r2"], 0)
+
+
 FAMILIES = [f.name for f in registry.families()]
 
 
