@@ -559,6 +559,20 @@ def test_bad_jobs_is_a_usage_error(value, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
+def test_planted_short_value_scan_fails_bad_input_in_device_mode():
+    """The semi-CRF forward's scan of ``cum_scores`` stopping two rows short: a NaN in the padding of a short
+    sequence then comes out as a finite logZ in device mode, so ``bad_input`` must fail (and pass unmutated)."""
+    route = "semicrf.triton.log.infer"
+    planted, planted_last = planted_worker_runs(
+        "semicrf", route, "bad_input", "kernels/semicrf/triton_forward.py", r"span_nonfinite\(cum, \(T \+ 1\) \* C",
+        "(T + 1) * C", "(T - 1) * C")
+    assert planted == 1, planted_last
+    assert planted_last.startswith(f"{route} float32 bad_input: cum_scores (NaN in the last row of the shortest "
+                                   f"sequence (padding past its length)): device mode returned only numbers"), \
+        planted_last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
 def test_planted_nan_flag_bug_fails_bad_input_in_device_mode():
     """Sinkhorn's NaN/+inf flag reduced with min along a row (a matrix is flagged only when a whole row is bad): host
     mode still rejects the NaN by name, but in device mode the matrix comes out as finite numbers, so ``bad_input``

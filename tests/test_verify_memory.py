@@ -127,6 +127,9 @@ PLANTED = {
     "Sinkhorn's row mask b < B as b <= B (a matrix past the end, rows at n <= 4)": (
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"\n    mask = b < B\n", "b < B", "b <= B",
         ["sinkhorn.triton.log.train"]),
+    "semi-CRF forward reads proj_start one row past T (the last sequence of the tiny case runs the full T)": (
+        "semicrf", "kernels/semicrf/triton_forward.py", r"ps_t = tl\.load\(ps \+ row \* C \+ cols, mask=cmask & "
+        r"\(row >= 0\) & \(row < T\)", "(row < T)", "(row <= T)", ["semicrf.triton.log.infer"]),
     "Sinkhorn's tile store mask b < B as b <= B (a matrix written past the end)": (
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"mask=\(b < B\) & \(i < N\) & \(j < N\)\)\n",
         "b < B", "b <= B", ["sinkhorn.triton.prob.train"]),
