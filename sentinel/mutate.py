@@ -17,13 +17,15 @@ directory and imported from there through :func:`kernel_sentinel.layout.import_r
 written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
 like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
 cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
-check: the mutant is then *killed*. A mutant that makes the process crash or run past its time limit is killed
+check: the mutant is then *killed*. The route, reference and exact checks of every route run first (most mutants
+fail one of them within seconds), then the other checks. A mutant that makes the process crash or run past its time limit is killed
 too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
-routes are dealt out over J workers and their coverage merged). A mutant on a line no route reaches survives (it is
-listed as unreached: a case is missing). Module-level lines count for every route.
+routes are dealt out over J workers and their coverage merged; ``--baseline PATH`` keeps it in PATH and reuses it
+while the family's sources, the routes and the seed are the same). A mutant on a line no route reaches survives (it
+is listed as unreached: a case is missing). Module-level lines count for every route.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -63,6 +65,7 @@ EQUIVALENTS = "equivalent_mutants.json"
 OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0  # a mutant may take 4x the unmutated run of its routes + 60 s
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
+FIRST_PASS = ("route", "reference", "exact")  # a mutant's worker runs these on every route before the other checks
 ALL_ROUTES = "*"  # coverage context of import-time (module-level) lines
 
 FLIPPED_COMPARISONS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
@@ -371,6 +374,21 @@ class Baseline:
         return sorted(self.seconds) if ALL_ROUTES in reached else sorted(reached)
 
 
+def cached_baseline(path: Optional[Path], key: dict[str, Any], run: Any) -> Baseline:
+    """The baseline kept in ``path`` when it was made for ``key`` (family, sources, routes, seed), else ``run()``'s,
+    then kept there (no ``path``: ``run()``'s)."""
+    if path is not None and path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in data["lines"].items()},
+                            data["seconds"])
+    baseline = run()
+    if path is not None:
+        lines = {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()}
+        path.write_text(json.dumps({"key": key, "lines": lines, "seconds": baseline.seconds}))
+    return baseline
+
+
 def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int) -> Baseline:
     """Run every route unmutated under coverage, the routes dealt out over ``scratches`` (run in parallel); raise
     ``RuntimeError`` when it does not pass."""
@@ -441,8 +459,9 @@ def start_in_scratch(coverage_path: Optional[Path]) -> Optional[tuple[Path, Any]
 
 
 def worker(argv: Sequence[str]) -> int:
-    """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check;
-    exit 1 (printing ``route dtype check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
+    """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check
+    (the checks of :data:`FIRST_PASS` on every route first, except under coverage); exit 1 (printing ``route dtype
+    check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
     which route reaches which line of the kernel library, and each route's time, as JSON. ``--check NAME ...``: only
     these checks (a planted-bug test that names the check it expects to fail)."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
@@ -473,24 +492,30 @@ def worker(argv: Sequence[str]) -> int:
         options = dataclasses.replace(options, checks=tuple(args.check))
     seconds: dict[str, float] = {}
     warnings.filterwarnings("ignore", category=RuntimeWarning)
-    for route_id in args.route:
-        if cov is not None:
-            cov.switch_context(route_id)
-        start = time.perf_counter()
-        for dtype in family.dtypes:
-            run = RouteRun(family, route_id, options, dtype)
-            repro = options.repro(family.name, route_id, dtype)
-            for name in options.checks:
-                torch.manual_seed(options.seed)
-                try:
-                    result = CHECK_FUNCTIONS[name](run, repro)
-                    passed, detail = result.passed, result.detail
-                except Exception as exc:
-                    passed, detail = False, f"{type(exc).__name__}: {exc}"
-                if not passed:
-                    print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: {' '.join(detail.split())[:300]}")
-                    return 1
-        seconds[route_id] = time.perf_counter() - start
+    # a mutant: the cheap checks of every route first (most mutants fail one), then the rest; the unmutated run
+    # under coverage: route by route (each route's lines are its own coverage context)
+    first = () if cov is not None else tuple(c for c in options.checks if c in FIRST_PASS)
+    passes = [first, tuple(c for c in options.checks if c not in first)] if first else [options.checks]
+    for checks in passes:
+        for route_id in args.route:
+            if cov is not None:
+                cov.switch_context(route_id)
+            start = time.perf_counter()
+            for dtype in family.dtypes:
+                run = RouteRun(family, route_id, options, dtype)
+                repro = options.repro(family.name, route_id, dtype)
+                for name in checks:
+                    torch.manual_seed(options.seed)
+                    try:
+                        result = CHECK_FUNCTIONS[name](run, repro)
+                        passed, detail = result.passed, result.detail
+                    except Exception as exc:
+                        passed, detail = False, f"{type(exc).__name__}: {exc}"
+                    if not passed:
+                        print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: "
+                              f"{' '.join(detail.split())[:300]}")
+                        return 1
+            seconds[route_id] = seconds.get(route_id, 0.0) + time.perf_counter() - start
     if cov is not None:
         cov.stop()
         data = cov.get_data()
@@ -573,6 +598,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-kill", type=float, default=0.0, metavar="P",
                    help="exit 1 when a family's kill rate is under P percent")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
+    p.add_argument("--baseline", type=Path, metavar="PATH",
+                   help="keep the unmutated run (coverage and times) in PATH and reuse it while the family's "
+                        "sources, the routes and the seed are the same (one family)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
@@ -592,6 +620,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kernel_sentinel import records
     from kernel_sentinel.family import matches
 
     routes = [r.id for r in family.routes() if not args.route or matches(r.id, args.route)]
@@ -610,7 +639,9 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         scratches.put(s)
     try:
         console.err.print(f"{family.name}: unmutated run of {len(routes)} routes under coverage")
-        baseline = run_baseline(made, family.name, routes, args.seed)
+        key = {"family": family.name, "sources": records.blob_ids(family.source_files()), "routes": routes,
+               "seed": args.seed}
+        baseline = cached_baseline(args.baseline, key, lambda: run_baseline(made, family.name, routes, args.seed))
 
         def one(mutant: Mutant) -> Outcome:
             scratch = scratches.get()
@@ -654,6 +685,8 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error(exc.args[0])
     if args.route and not any(matches(r.id, args.route) for f in families for r in f.routes()):
         return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
+    if args.baseline is not None and len(families) != 1:
+        return console.usage_error("--baseline keeps the unmutated run of one family: name it with --family")
     if args.record and (args.route or args.files):
         return console.usage_error("--record measures every route and the default files; drop --route / --files")
     summaries, failed = [], False

@@ -110,6 +110,22 @@ def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverag
                             ["r1", "r2"], 0)
 
 
+def test_a_kept_baseline_is_reused_only_for_the_same_key(tmp_path):
+    path, runs = tmp_path / "baseline.json", []
+
+    def run() -> mutate.Baseline:
+        runs.append(1)
+        return mutate.Baseline({"k.py": {3: {"r1"}, 1: {mutate.ALL_ROUTES}}}, {"r1": 2.0})
+
+    key = {"family": "fam", "sources": {"kernels/fam/k.py": "abc"}, "routes": ["r1"], "seed": 0}
+    first = mutate.cached_baseline(path, key, run)
+    again = mutate.cached_baseline(path, key, run)
+    assert runs == [1] and again == first
+    mutate.cached_baseline(path, {**key, "sources": {"kernels/fam/k.py": "def"}}, run)  # a source changed
+    mutate.cached_baseline(None, key, run)  # nothing kept
+    assert runs == [1, 1, 1]
+
+
 FAMILIES = [f.name for f in registry.families()]
 
 
