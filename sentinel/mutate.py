@@ -380,6 +380,7 @@ def cached_baseline(path: Optional[Path], key: dict[str, Any], run: Any) -> Base
     if path is not None and path.is_file():
         data = json.loads(path.read_text())
         if data.get("key") == key:
+            console.err.print(f"{key['family']}: the unmutated run kept in {path}")
             return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in data["lines"].items()},
                             data["seconds"])
     baseline = run()
@@ -392,6 +393,7 @@ def cached_baseline(path: Optional[Path], key: dict[str, Any], run: Any) -> Base
 def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int) -> Baseline:
     """Run every route unmutated under coverage, the routes dealt out over ``scratches`` (run in parallel); raise
     ``RuntimeError`` when it does not pass."""
+    console.err.print(f"{family}: unmutated run of {len(routes)} routes under coverage")
     groups = [list(routes[i::len(scratches)]) for i in range(len(scratches))]
 
     def one(scratch: Scratch, group: list[str]) -> dict:
@@ -638,7 +640,6 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     for s in made:
         scratches.put(s)
     try:
-        console.err.print(f"{family.name}: unmutated run of {len(routes)} routes under coverage")
         key = {"family": family.name, "sources": records.blob_ids(family.source_files()), "routes": routes,
                "seed": args.seed}
         baseline = cached_baseline(args.baseline, key, lambda: run_baseline(made, family.name, routes, args.seed))
