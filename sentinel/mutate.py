@@ -17,8 +17,8 @@ directory and imported from there through :func:`kernel_sentinel.layout.import_r
 written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
 like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
 cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
-check: the mutant is then *killed*. The route, reference and exact checks of every route run first (most mutants
-fail one of them within seconds), then the other checks. A mutant that makes the process crash or run past its time limit is killed
+check: the mutant is then *killed*. The cheap checks that most mutants fail (:data:`FIRST_PASS`: route, reference,
+exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or run past its time limit is killed
 too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
@@ -65,7 +65,9 @@ EQUIVALENTS = "equivalent_mutants.json"
 OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0  # a mutant may take 4x the unmutated run of its routes + 60 s
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
-FIRST_PASS = ("route", "reference", "exact")  # a mutant's worker runs these on every route before the other checks
+# a mutant's worker runs these on every route before the other checks: cheap (about a second a row on the CPU) and
+# the ones most mutants fail (a wrong value, an access outside an argument, an output left unwritten)
+FIRST_PASS = ("route", "reference", "exact", "memory", "written")
 ALL_ROUTES = "*"  # coverage context of import-time (module-level) lines
 
 FLIPPED_COMPARISONS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
