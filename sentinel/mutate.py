@@ -23,9 +23,10 @@ too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
-routes are dealt out over J workers and their coverage merged; ``--baseline PATH`` keeps it in PATH and reuses it
-while the family's sources, the routes and the seed are the same). A mutant on a line no route reaches survives (it
-is listed as unreached: a case is missing). Module-level lines count for every route.
+routes are dealt out over J workers and their coverage merged). A mutant on a line no route reaches survives (it
+is listed as unreached: a case is missing). Module-level lines count for every route. ``--keep PATH`` keeps the
+unmutated run and each finished mutant's outcome, so that a run stopped part way goes on where it stopped while the
+family's and the verifier's sources, the routes and the seed are the same.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -53,17 +54,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kernel_sentinel import console
 
 DEFAULT_FILES = ("triton_*.py", "torch_ops.py")  # a family's backend sources (file names in its package)
 EQUIVALENTS = "equivalent_mutants.json"
 OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
-TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0  # a mutant may take 4x the unmutated run of its routes + 60 s
+# each route of a mutant's worker may take, in each pass, 4x its unmutated run + 60 s (a hang ends there: the
+# worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together
+TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0
+ROUTE_TIMEOUT = 3
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
 # a mutant's worker runs these on every route before the other checks: cheap (about a second a row on the CPU) and
 # the ones most mutants fail (a wrong value, an access outside an argument, an output left unwritten)
@@ -322,12 +327,15 @@ class Scratch:
         return env
 
     def worker(self, family: str, routes: Sequence[str], seed: int, timeout: float,
-               coverage_to: Optional[Path] = None, checks: Sequence[str] = ()) -> tuple[int, str, bool]:
-        """Run the worker on ``routes`` in a fork (only ``checks`` when given); ``(exit code, last output line,
-        timed out)``."""
+               coverage_to: Optional[Path] = None, checks: Sequence[str] = (),
+               route_limits: Optional[dict[str, float]] = None) -> tuple[int, str, bool]:
+        """Run the worker on ``routes`` in a fork (only ``checks`` when given; each route within its seconds in
+        ``route_limits`` per pass when given); ``(exit code, last output line, timed out)``."""
         argv = ["--family", family, "--seed", str(seed), "--route", *routes]
         if checks:
             argv += ["--check", *checks]
+        if route_limits:
+            argv += ["--route-limits", json.dumps(route_limits)]
         if coverage_to is not None:
             argv += ["--coverage", str(coverage_to)]
         if self._server is None or self._server.poll() is not None:
@@ -376,20 +384,52 @@ class Baseline:
         return sorted(self.seconds) if ALL_ROUTES in reached else sorted(reached)
 
 
-def cached_baseline(path: Optional[Path], key: dict[str, Any], run: Any) -> Baseline:
-    """The baseline kept in ``path`` when it was made for ``key`` (family, sources, routes, seed), else ``run()``'s,
-    then kept there (no ``path``: ``run()``'s)."""
-    if path is not None and path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("key") == key:
-            console.err.print(f"{key['family']}: the unmutated run kept in {path}")
-            return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in data["lines"].items()},
-                            data["seconds"])
-    baseline = run()
-    if path is not None:
-        lines = {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()}
-        path.write_text(json.dumps({"key": key, "lines": lines, "seconds": baseline.seconds}))
-    return baseline
+class Kept:
+    """What ``--keep PATH`` holds between runs (a run stopped part way goes on where it stopped): the unmutated run
+    and each finished mutant's outcome, valid while ``key`` (the family's and the verifier's sources, the routes,
+    the seed) is the same; without a path, nothing is kept."""
+
+    def __init__(self, path: Optional[Path], key: dict[str, Any]):
+        self.path, self.key = path, key
+        data = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+        data = data if data.get("key") == key else {}
+        self.baseline_data: Optional[dict] = data.get("baseline")
+        self.outcomes: dict[str, dict[str, Any]] = data.get("outcomes", {})
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def name(mutant: Mutant) -> str:
+        return f"{mutant.file}:{mutant.start}:{mutant.end}:{mutant.replacement}"
+
+    def baseline(self, run: Callable[[], Baseline]) -> Baseline:
+        """The kept unmutated run, else ``run()``'s (then kept)."""
+        if self.baseline_data is not None:
+            console.err.print(f"{self.key['family']}: the unmutated run kept in {self.path}")
+            return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in self.baseline_data["lines"].items()},
+                            self.baseline_data["seconds"])
+        baseline = run()
+        self.baseline_data = {"lines": {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()},
+                              "seconds": baseline.seconds}
+        self._write()
+        return baseline
+
+    def outcome(self, mutant: Mutant) -> Optional[Outcome]:
+        """The kept outcome of ``mutant``, if it finished in an earlier run."""
+        kept = self.outcomes.get(self.name(mutant))
+        return None if kept is None else Outcome(mutant, kept["status"], kept["by"], kept["seconds"])
+
+    def add(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes[self.name(outcome.mutant)] = {"status": outcome.status, "by": outcome.by,
+                                                        "seconds": round(outcome.seconds, 1)}
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps({"key": self.key, "baseline": self.baseline_data, "outcomes": self.outcomes}))
+        temporary.replace(self.path)
 
 
 def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int) -> Baseline:
@@ -424,14 +464,14 @@ def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline
     path = scratch.dir / mutant.file
     original = path.read_text()
     path.write_text(mutant.apply(original))
-    limit = TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * sum(baseline.seconds[r] for r in routes)
+    limits = {r: TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.seconds[r] for r in routes}
     start = time.perf_counter()
     try:
-        code, last, timed_out = scratch.worker(family, routes, seed, limit)
+        code, last, timed_out = scratch.worker(family, routes, seed, 2 * sum(limits.values()), route_limits=limits)
     finally:
         path.write_text(original)
     seconds = time.perf_counter() - start
-    if timed_out:
+    if timed_out or code == ROUTE_TIMEOUT:
         return Outcome(mutant, "timeout", last, seconds)
     if code == 0:
         return Outcome(mutant, "survived", "", seconds)
@@ -462,18 +502,45 @@ def start_in_scratch(coverage_path: Optional[Path]) -> Optional[tuple[Path, Any]
     return here, cov
 
 
+class _RouteTimeout(BaseException):
+    """A route ran past its limit (a BaseException: the checks, which catch exceptions, let it through)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: Optional[float]) -> Iterator[None]:
+    """Raise :class:`_RouteTimeout` in the block once ``seconds`` have passed (None: no limit)."""
+    if not seconds:
+        yield
+        return
+    import signal
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _RouteTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def worker(argv: Sequence[str]) -> int:
     """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check
     (the checks of :data:`FIRST_PASS` on every route first, except under coverage); exit 1 (printing ``route dtype
-    check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record
-    which route reaches which line of the kernel library, and each route's time, as JSON. ``--check NAME ...``: only
-    these checks (a planted-bug test that names the check it expects to fail)."""
+    check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record which route reaches which line of
+    the kernel library, and each route's time, as JSON. ``--check NAME ...``: only these checks (a planted-bug test
+    that names the check it expects to fail). ``--route-limits``: each route's seconds per pass; past them the
+    worker exits with :data:`ROUTE_TIMEOUT`."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
     parser.add_argument("--family", required=True)
     parser.add_argument("--route", nargs="+", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--coverage", type=Path)
     parser.add_argument("--check", nargs="+", help="only these checks (default: all)")
+    parser.add_argument("--route-limits", type=json.loads, default={},
+                        help="JSON {route: seconds}: each route's time per pass")
     args = parser.parse_args(argv)
 
     import warnings
@@ -505,20 +572,25 @@ def worker(argv: Sequence[str]) -> int:
             if cov is not None:
                 cov.switch_context(route_id)
             start = time.perf_counter()
-            for dtype in family.dtypes:
-                run = RouteRun(family, route_id, options, dtype)
-                repro = options.repro(family.name, route_id, dtype)
-                for name in checks:
-                    torch.manual_seed(options.seed)
-                    try:
-                        result = CHECK_FUNCTIONS[name](run, repro)
-                        passed, detail = result.passed, result.detail
-                    except Exception as exc:
-                        passed, detail = False, f"{type(exc).__name__}: {exc}"
-                    if not passed:
-                        print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: "
-                              f"{' '.join(detail.split())[:300]}")
-                        return 1
+            try:
+                with _deadline(args.route_limits.get(route_id)):
+                    for dtype in family.dtypes:
+                        run = RouteRun(family, route_id, options, dtype)
+                        repro = options.repro(family.name, route_id, dtype)
+                        for name in checks:
+                            torch.manual_seed(options.seed)
+                            try:
+                                result = CHECK_FUNCTIONS[name](run, repro)
+                                passed, detail = result.passed, result.detail
+                            except Exception as exc:
+                                passed, detail = False, f"{type(exc).__name__}: {exc}"
+                            if not passed:
+                                print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: "
+                                      f"{' '.join(detail.split())[:300]}")
+                                return 1
+            except _RouteTimeout:
+                print(f"{route_id}: ran past {args.route_limits[route_id]:.0f} s (a hang?)")
+                return ROUTE_TIMEOUT
             seconds[route_id] = seconds.get(route_id, 0.0) + time.perf_counter() - start
     if cov is not None:
         cov.stop()
@@ -602,9 +674,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-kill", type=float, default=0.0, metavar="P",
                    help="exit 1 when a family's kill rate is under P percent")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
-    p.add_argument("--baseline", type=Path, metavar="PATH",
-                   help="keep the unmutated run (coverage and times) in PATH and reuse it while the family's "
-                        "sources, the routes and the seed are the same (one family)")
+    p.add_argument("--keep", type=Path, metavar="PATH",
+                   help="keep the unmutated run and every finished mutant's outcome in PATH, and go on from them "
+                        "while the family's and the verifier's sources, the routes and the seed are the same (one "
+                        "family)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
@@ -642,16 +715,22 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     for s in made:
         scratches.put(s)
     try:
-        key = {"family": family.name, "sources": records.blob_ids(family.source_files()), "routes": routes,
-               "seed": args.seed}
-        baseline = cached_baseline(args.baseline, key, lambda: run_baseline(made, family.name, routes, args.seed))
+        verifier = sorted(p.relative_to(repo) for p in (repo / "sentinel").glob("*.py"))
+        store = Kept(args.keep, {"family": family.name, "sources": records.blob_ids(family.source_files()),
+                                "verifier": records.blob_ids(verifier), "routes": routes, "seed": args.seed})
+        baseline = store.baseline(lambda: run_baseline(made, family.name, routes, args.seed))
 
         def one(mutant: Mutant) -> Outcome:
+            done = store.outcome(mutant)
+            if done is not None:
+                return done
             scratch = scratches.get()
             try:
-                return run_mutant(scratch, family.name, mutant, baseline, args.seed)
+                outcome = run_mutant(scratch, family.name, mutant, baseline, args.seed)
             finally:
                 scratches.put(scratch)
+            store.add(outcome)
+            return outcome
 
         outcomes = []
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -688,8 +767,8 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error(exc.args[0])
     if args.route and not any(matches(r.id, args.route) for f in families for r in f.routes()):
         return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
-    if args.baseline is not None and len(families) != 1:
-        return console.usage_error("--baseline keeps the unmutated run of one family: name it with --family")
+    if args.keep is not None and len(families) != 1:
+        return console.usage_error("--keep keeps the runs of one family: name it with --family")
     if args.record and (args.route or args.files):
         return console.usage_error("--record measures every route and the default files; drop --route / --files")
     summaries, failed = [], False

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -110,20 +111,39 @@ def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverag
                             ["r1", "r2"], 0)
 
 
-def test_a_kept_baseline_is_reused_only_for_the_same_key(tmp_path):
-    path, runs = tmp_path / "baseline.json", []
+def test_kept_runs_go_on_where_they_stopped_only_for_the_same_key(tmp_path):
+    path, runs = tmp_path / "kept.json", []
+    mutant = mutate.find_mutants(SOURCE, "k.py")[0]
 
     def run() -> mutate.Baseline:
         runs.append(1)
         return mutate.Baseline({"k.py": {3: {"r1"}, 1: {mutate.ALL_ROUTES}}}, {"r1": 2.0})
 
-    key = {"family": "fam", "sources": {"kernels/fam/k.py": "abc"}, "routes": ["r1"], "seed": 0}
-    first = mutate.cached_baseline(path, key, run)
-    again = mutate.cached_baseline(path, key, run)
-    assert runs == [1] and again == first
-    mutate.cached_baseline(path, {**key, "sources": {"kernels/fam/k.py": "def"}}, run)  # a source changed
-    mutate.cached_baseline(None, key, run)  # nothing kept
+    key = {"family": "fam", "sources": {"kernels/fam/k.py": "abc"}, "verifier": {}, "routes": ["r1"], "seed": 0}
+    first = mutate.Kept(path, key)
+    baseline = first.baseline(run)
+    assert first.outcome(mutant) is None
+    first.add(mutate.Outcome(mutant, "killed", "r1 float32 reference: off", 3.0))
+    again = mutate.Kept(path, key)  # a later run of the same sources
+    assert again.baseline(run) == baseline and runs == [1]
+    assert again.outcome(mutant) == mutate.Outcome(mutant, "killed", "r1 float32 reference: off", 3.0)
+    changed = mutate.Kept(path, {**key, "sources": {"kernels/fam/k.py": "def"}})  # a source changed: start over
+    assert changed.outcome(mutant) is None
+    changed.baseline(run)
+    mutate.Kept(None, key).baseline(run)  # nothing kept
     assert runs == [1, 1, 1]
+
+
+def test_a_route_past_its_deadline_stops_the_block():
+    with pytest.raises(mutate._RouteTimeout):
+        with mutate._deadline(0.05):
+            while True:
+                try:
+                    time.sleep(0.01)
+                except Exception:  # what a check catching errors would do: the deadline still ends the block
+                    pass
+    with mutate._deadline(None):
+        time.sleep(0.01)
 
 
 FAMILIES = [f.name for f in registry.families()]
