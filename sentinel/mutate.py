@@ -26,7 +26,8 @@ routes reach which lines (it must pass; else the verifier is broken and nothing 
 routes are dealt out over J workers and their coverage merged). A mutant on a line no route reaches survives (it
 is listed as unreached: a case is missing). Module-level lines count for every route. ``--keep PATH`` keeps the
 unmutated run and each finished mutant's outcome, so that a run stopped part way goes on where it stopped while the
-family's and the verifier's sources, the routes and the seed are the same.
+family's and the verifier's sources, the routes, the seed and the versions of Python, torch, Triton and NumPy
+are the same (a kept unmutated run vouches only for the environment it passed in).
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -59,6 +60,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy
 
 from kernel_sentinel import console
 
@@ -387,7 +390,8 @@ class Baseline:
 class Kept:
     """What ``--keep PATH`` holds between runs (a run stopped part way goes on where it stopped): the unmutated run
     and each finished mutant's outcome, valid while ``key`` (the family's and the verifier's sources, the routes,
-    the seed) is the same; without a path, nothing is kept."""
+    the seed, the versions of Python, torch, Triton and NumPy) is the same: a kept unmutated run vouches only for
+    the environment it passed in; without a path, nothing is kept."""
 
     def __init__(self, path: Optional[Path], key: dict[str, Any]):
         self.path, self.key = path, key
@@ -676,8 +680,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
     p.add_argument("--keep", type=Path, metavar="PATH",
                    help="keep the unmutated run and every finished mutant's outcome in PATH, and go on from them "
-                        "while the family's and the verifier's sources, the routes and the seed are the same (one "
-                        "family)")
+                        "while the family's and the verifier's sources, the routes, the seed and the versions of "
+                        "Python, torch, Triton and NumPy are the same (one family)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
@@ -717,7 +721,8 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     try:
         verifier = sorted(p.relative_to(repo) for p in (repo / "sentinel").glob("*.py"))
         store = Kept(args.keep, {"family": family.name, "sources": records.blob_ids(family.source_files()),
-                                "verifier": records.blob_ids(verifier), "routes": routes, "seed": args.seed})
+                                 "verifier": records.blob_ids(verifier), "routes": routes, "seed": args.seed,
+                                 "versions": {**records.versions(), "numpy": numpy.__version__}})
         baseline = store.baseline(lambda: run_baseline(made, family.name, routes, args.seed))
 
         def one(mutant: Mutant) -> Outcome:
