@@ -18,8 +18,8 @@ written), in a fresh worker process (a fork of a server that has imported torch 
 like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
 cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
 check: the mutant is then *killed*. The cheap checks that most mutants fail (:data:`FIRST_PASS`: route, reference,
-exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or run past its time limit is killed
-too (reported as such).
+exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or
+run past its time limit (each route's, or the worker's) is killed too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
@@ -407,13 +407,14 @@ class Kept:
 
     def baseline(self, run: Callable[[], Baseline]) -> Baseline:
         """The kept unmutated run, else ``run()``'s (then kept)."""
-        if self.baseline_data is not None:
+        data = self.baseline_data
+        if data is not None:
             console.err.print(f"{self.key['family']}: the unmutated run kept in {self.path}")
-            return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in self.baseline_data["lines"].items()},
-                            self.baseline_data["seconds"])
+            return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in data["lines"].items()},
+                            data["seconds"])
         baseline = run()
-        self.baseline_data = {"lines": {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()},
-                              "seconds": baseline.seconds}
+        lines = {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()}
+        self.baseline_data = {"lines": lines, "seconds": baseline.seconds}
         self._write()
         return baseline
 
