@@ -68,8 +68,8 @@ from kernel_sentinel import console
 DEFAULT_FILES = ("triton_*.py", "torch_ops.py")  # a family's backend sources (file names in its package)
 EQUIVALENTS = "equivalent_mutants.json"
 OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
-# each route of a mutant's worker may take, in each pass, 4x its unmutated run + 60 s (a hang ends there: the
-# worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together
+# each route of a mutant's worker may use, in each pass, 4x the CPU time of its unmutated run + 60 s (a hang ends
+# there: the worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together, in wall time
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0
 ROUTE_TIMEOUT = 3
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
@@ -513,7 +513,9 @@ class _RouteTimeout(BaseException):
 
 @contextlib.contextmanager
 def _deadline(seconds: Optional[float]) -> Iterator[None]:
-    """Raise :class:`_RouteTimeout` in the block once ``seconds`` have passed (None: no limit)."""
+    """Raise :class:`_RouteTimeout` in the block once it has used ``seconds`` of the process's CPU time (None: no
+    limit). CPU time, not wall time: a worker slowed by other processes on the machine never times out for it (a
+    hang that spins uses CPU; one that blocks ends at the worker's wall-time limit)."""
     if not seconds:
         yield
         return
@@ -522,21 +524,21 @@ def _deadline(seconds: Optional[float]) -> Iterator[None]:
     def expire(signum: int, frame: Any) -> None:
         raise _RouteTimeout
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def worker(argv: Sequence[str]) -> int:
     """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check
     (the checks of :data:`FIRST_PASS` on every route first, except under coverage); exit 1 (printing ``route dtype
     check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record which route reaches which line of
-    the kernel library, and each route's time, as JSON. ``--check NAME ...``: only these checks (a planted-bug test
-    that names the check it expects to fail). ``--route-limits``: each route's seconds per pass; past them the
+    the kernel library, and each route's CPU time, as JSON. ``--check NAME ...``: only these checks (a planted-bug test
+    that names the check it expects to fail). ``--route-limits``: each route's CPU seconds per pass; past them the
     worker exits with :data:`ROUTE_TIMEOUT`."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
     parser.add_argument("--family", required=True)
@@ -545,7 +547,7 @@ def worker(argv: Sequence[str]) -> int:
     parser.add_argument("--coverage", type=Path)
     parser.add_argument("--check", nargs="+", help="only these checks (default: all)")
     parser.add_argument("--route-limits", type=json.loads, default={},
-                        help="JSON {route: seconds}: each route's time per pass")
+                        help="JSON {route: seconds}: each route's CPU time per pass")
     args = parser.parse_args(argv)
 
     import warnings
@@ -576,7 +578,7 @@ def worker(argv: Sequence[str]) -> int:
         for route_id in args.route:
             if cov is not None:
                 cov.switch_context(route_id)
-            start = time.perf_counter()
+            start = time.process_time()
             try:
                 with _deadline(args.route_limits.get(route_id)):
                     for dtype in family.dtypes:
@@ -596,7 +598,7 @@ def worker(argv: Sequence[str]) -> int:
             except _RouteTimeout:
                 print(f"{route_id}: ran past {args.route_limits[route_id]:.0f} s (a hang?)")
                 return ROUTE_TIMEOUT
-            seconds[route_id] = seconds.get(route_id, 0.0) + time.perf_counter() - start
+            seconds[route_id] = seconds.get(route_id, 0.0) + time.process_time() - start
     if cov is not None:
         cov.stop()
         data = cov.get_data()
