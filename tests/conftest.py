@@ -256,11 +256,11 @@ def semicrf_case(B=2, T=5, K=2, C=2, *, dtype=torch.float64, trans3d=False, proj
 # ------------------------------------------------------------------------------------------- planted bugs
 
 
-def planted_worker_runs(family: str, route: str, check: str, file: str, pattern: str, old: str,
-                        new: str) -> tuple[int, str]:
-    """``(exit code, last output line)`` of the mutation worker (:mod:`kernel_sentinel.mutate`, on the CPU) running
-    only ``check`` on ``route`` in a scratch copy with the bug planted in ``file`` (:func:`kernel_sentinel.mutate.plant`:
-    ``old`` replaced by ``new`` on the line ``pattern`` finds); the unmutated sources must pass it first."""
+def planted_failure(family: str, route: str, check: str, file: str, pattern: str, old: str, new: str) -> str:
+    """The last output line of the mutation worker (:mod:`kernel_sentinel.mutate`, on the CPU) running only
+    ``check`` on ``route`` in a scratch copy with the bug planted in ``file`` (:func:`kernel_sentinel.mutate.plant`:
+    ``old`` replaced by ``new`` on the line ``pattern`` finds); the unmutated sources must pass it first and the
+    planted bug must fail it (exit 1)."""
     from kernel_sentinel import mutate
 
     scratch = mutate.Scratch(REPO_ROOT)
@@ -271,4 +271,5 @@ def planted_worker_runs(family: str, route: str, check: str, file: str, pattern:
     finally:
         scratch.remove()
     assert clean[0] == 0, clean[1]
-    return planted
+    assert planted[0] == 1, planted[1]
+    return planted[1]

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from conftest import planted_worker_runs, toy_sum
+from conftest import planted_failure, toy_sum
 
 from provable_kernels.custom_ops import Op
 from kernel_sentinel import opcheck
@@ -86,9 +86,8 @@ def test_planted_bug_in_the_training_ops_fake_fails_opcheck():
     """The semi-CRF training op's fake implementation with its torch/Triton branch inverted (a held-out mutant
     that only compile would have met)."""
     route = "semicrf.triton.log.train"
-    planted, planted_last = planted_worker_runs(
+    planted_last = planted_failure(
         "semicrf", route, "opcheck", "kernels/semicrf/autograd.py", r'\n    if backend == "torch":\n        return \[logZ, ',
         "==", "!=")
-    assert planted == 1, planted_last
     assert re.match(rf"{re.escape(route)} \w+ opcheck: semicrf_log_forward: test_faketensor: .*mismatched tensor "
                     r"metadata", planted_last), planted_last
