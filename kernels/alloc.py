@@ -3,46 +3,53 @@
 Kernels allocate with :func:`empty` (never ``torch.empty`` directly), so that a verifier can switch on
 :func:`poisoned`: inside it, float allocations are filled with NaN and integer ones with :data:`POISON_INT`
 instead of left uninitialised, and a kernel that forgets to write an element produces a visible wrong result
-instead of whatever the allocator handed back.
+instead of whatever the allocator handed back. Where NaN is itself a correct output (a bad input in device
+mode), a second, finite poison (``poisoned(alternate=True)``) tells an unwritten element from a written NaN: two
+runs under the two poisons give the same bits exactly when every element is written.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
 POISON_INT = -0x5EED  # a value no index, count or backpointer can hold
+POISONS = ((float("nan"), POISON_INT, True),  # (float, integer, bool) fills of poisoned() and poisoned(alternate=True)
+           (float(POISON_INT), -POISON_INT, False))
 
-_POISON: contextvars.ContextVar[bool] = contextvars.ContextVar("_POISON", default=False)
+_POISON: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("_POISON", default=None)
 
 
 def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.empty(shape)``, or a poisoned tensor (NaN / :data:`POISON_INT`; ``True`` for bool) inside
-    :func:`poisoned`."""
+    """``torch.empty(shape)``, or inside :func:`poisoned` a tensor filled with its poison (:data:`POISONS`;
+    unsigned integers modulo their range)."""
     out = torch.empty(tuple(shape), dtype=dtype, device=device)
-    if _POISON.get():
+    fill = _POISON.get()
+    if fill is not None:
+        number, integer, flag = fill
         if out.is_floating_point():
-            out.fill_(float("nan"))
+            out.fill_(number)
         elif dtype == torch.bool:
-            out.fill_(True)
+            out.fill_(flag)
         else:
-            out.fill_(POISON_INT if torch.iinfo(dtype).min < 0 else torch.iinfo(dtype).max)
+            out.fill_(integer if torch.iinfo(dtype).min < 0 else integer % (torch.iinfo(dtype).max + 1))
     return out
 
 
 def empty_like(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """:func:`empty` with the shape and device of ``x`` (and its dtype unless ``dtype`` is given), contiguous."""
-    if dtype is not None or _POISON.get():
+    if dtype is not None or _POISON.get() is not None:
         return empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
     return torch.empty_like(x, memory_format=torch.contiguous_format)  # the fastest allocation: host time per call
 
 
 @contextlib.contextmanager
-def poisoned() -> Iterator[None]:
-    """Poison every :func:`empty` allocation made inside the block (used by ``sentinel verify``)."""
-    token = _POISON.set(True)
+def poisoned(alternate: bool = False) -> Iterator[None]:
+    """Poison every :func:`empty` allocation made inside the block (used by ``sentinel verify``): NaN,
+    :data:`POISON_INT` and ``True``, or with ``alternate`` the finite second poison of :data:`POISONS`."""
+    token = _POISON.set(POISONS[alternate])
     try:
         yield
     finally:

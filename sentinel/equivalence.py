@@ -5,8 +5,8 @@ judged equivalent: the program means the same. :func:`verdict` plants it in a sc
 (:class:`kernel_sentinel.mutate.Scratch`) and runs the family's cases with it, in a fresh process: every route
 that executes the mutated line (found by an unmutated run of the same cases under coverage, :func:`baseline`), at
 the family's first dtype (the interpreter's cost: every dtype would multiply it by up to four), on the route's
-``tiny`` and ``small`` cases and on every adversarial input declared for it (built from the tiny case, value
-checks in host mode). Every output and gradient must be bitwise those of the
+``tiny`` and ``small`` cases (value checks in host mode and again in device mode, the kernels' own checks) and on
+every adversarial input declared for it (built from the tiny case, value checks in host mode). Every output and gradient must be bitwise those of the
 unmutated run, and a case that raises must raise the same error. An entry whose mutant changes an output is not
 equivalent (take it off the list: ``sentinel mutate`` then runs it); an entry whose lines no longer exist in the
 file is stale; a mutant whose line no case reaches is shown nothing (the entry then rests on its reason alone).
@@ -142,14 +142,15 @@ def case_outputs(family: Any, routes: Sequence[str], seed: int = 0) -> dict[str,
                     for size in ("tiny", "small")}
             made.update({item.name: item.make(made["tiny"]) for item in family.adversarial
                          if matches(route_id, item.routes)})
-            for name, case in made.items():
+            runs = [(f"{label} {size} device mode", made[size], "device") for size in ("tiny", "small")]
+            for key, case, mode in [(f"{label} {name}", case, "sync") for name, case in made.items()] + runs:
                 torch.manual_seed(seed)
                 try:
-                    with value_checks("sync"):
+                    with value_checks(mode):
                         outputs = run_route(family.run, fresh_case(case))
-                    found[f"{label} {name}"] = {n: x.detach().cpu().clone() for n, x in outputs.items()}
+                    found[key] = {n: x.detach().cpu().clone() for n, x in outputs.items()}
                 except Exception as exc:
-                    found[f"{label} {name}"] = f"{type(exc).__name__}: {exc}"
+                    found[key] = f"{type(exc).__name__}: {exc}"
     return found
 
 

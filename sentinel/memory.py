@@ -2,7 +2,10 @@
 interpreter, with no family code.
 
 The check runs the route's cases (``tiny`` and ``small``, forward and backward: :attr:`Family.run`) inside
-:func:`watching`, which does two things to every launch through :meth:`provable_kernels.launch.Launcher.launch`
+:func:`watching`, each twice: with value checks in host mode (the CPU default) and in device mode (the CUDA
+default: the kernels check the values they read, a code path of their own). It then runs the route's bad inputs
+in device mode, where the kernels read bad indices and lengths themselves: whatever those hold, every access must
+stay inside the arguments (an error is allowed). :func:`watching` does two things to every launch through :meth:`provable_kernels.launch.Launcher.launch`
 (every Triton launch of the library goes through it):
 
 - **redzones**: the kernel runs on copies of its tensor arguments, each storage copied into an allocation of its
@@ -33,17 +36,19 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy
 import torch
 
 from provable_kernels import alloc
+from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import run_route
 from kernel_sentinel.family import Case, Family
 from kernel_sentinel.generic import Verdict, fresh_case
 from kernel_sentinel.sanitize import is_triton_route
 
+MODES = ("sync", "device")  # value checks on the host (the CPU default), then the kernels' own (the CUDA default)
 MIN_GUARD = 256  # bytes of each guard region at least (a multiple of every element size)
 SHOWN = 6  # findings listed in a check's detail
 ACCESSES = ("load", "store", "atomic_rmw", "atomic_cas")  # the interpreter module's memory functions
@@ -320,16 +325,24 @@ def watching() -> Iterator[Watch]:
 # -------------------------------------------------------------------------------------------------- check
 
 
-def verdict(family: Family, cases: Sequence[Case], device: torch.device) -> Verdict:
-    """The ``memory`` check on ``cases`` (of one route): run each (forward and backward) inside
-    :func:`watching`."""
+def verdict(family: Family, cases: Sequence[Case], device: torch.device,
+            bad: Sequence[Callable[[], Case]] = ()) -> Verdict:
+    """The ``memory`` check on ``cases`` (of one route): run each (forward and backward) inside :func:`watching`,
+    in host mode and in device mode (:data:`MODES`), then each of the route's bad inputs ``bad`` (builders) in
+    device mode, where the kernels read the bad values themselves and must stay inside their arguments whatever
+    they hold (raising is allowed)."""
     if device.type != "cpu":
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
                            f"compute-sanitizer's memcheck)")
     with watching() as watch:
         for case in cases:
-            run_route(family.run, fresh_case(case))
+            for mode in MODES:
+                with value_checks(mode):
+                    run_route(family.run, fresh_case(case))
+        for make in bad:
+            with value_checks("device"), contextlib.suppress(Exception):
+                family.run(make())
     problems = list(watch.problems[:SHOWN])
     if len(watch.problems) > SHOWN:
         problems.append(f"... {len(watch.problems) - SHOWN} more")
@@ -339,5 +352,6 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device) -> Verd
         return Verdict(tuple(problems), "no Triton launch on this route: nothing to check (PyTorch bounds-checks "
                                         "its own operations)")
     return Verdict(tuple(problems), f"{watch.accesses} loads and stores in {watch.launches} launches "
-                                    f"({', '.join(sorted(watch.kernels))}) over {len(cases)} cases checked: every "
-                                    f"lane inside its arguments, redzones intact")
+                                    f"({', '.join(sorted(watch.kernels))}) over {len(cases)} cases in host and "
+                                    f"device mode and {len(bad)} bad inputs in device mode checked: every lane "
+                                    f"inside its arguments, redzones intact")

@@ -19,10 +19,11 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from kernel_sentinel import crossdevice, memory, opcheck
+from provable_kernels import alloc
 from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
 from kernel_sentinel.family import Adversarial, BadInput, Case, Family, Outputs, Property, matches
-from kernel_sentinel.generic import GENERIC_CHECKS, Probe, error_text
+from kernel_sentinel.generic import GENERIC_CHECKS, Probe, differences, error_text, fresh_case
 from kernel_sentinel.invariance import batch_invariance
 from kernel_sentinel.observed import in_child, observe
 from kernel_sentinel.records import CheckResult, RouteResult
@@ -140,7 +141,12 @@ def check_reference(run: RouteRun, repro: str) -> CheckResult:
     case = run.case(run.options.size("small"))
     got = run.outputs(run.options.size("small"))
     want = run.family.reference(case)
-    return _measured("reference", compare_outputs(got, want, run.tolerance, "float64 reference"), repro)
+    measurements = compare_outputs(got, want, run.tolerance, "float64 reference")
+    if run.options.device.type == "cpu":  # the CPU default is host mode; device mode runs the kernels' own checks
+        with value_checks("device"):
+            got = run_route(run.family.run, fresh_case(case))
+        measurements += compare_outputs(got, want, run.tolerance, "float64 reference, device mode")
+    return _measured("reference", measurements, repro)
 
 
 def check_exact(run: RouteRun, repro: str) -> CheckResult:
@@ -278,24 +284,27 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         else:
             notes.append(f"{label}: accepted without error")
     poisoned = 0
-    for index, (raised, finite) in _device_mode_runs(run, base, rejected).items():
+    for index, (raised, finite, unwritten) in _device_mode_runs(run, base, rejected).items():
         poisoned += not raised
         if not raised and finite:
             notes.append(f"{items[index].argument} ({items[index].what}): device mode returned only numbers (a bad "
                          f"value became a silent number)")
+        if unwritten:
+            notes.append(f"{items[index].argument} ({items[index].what}): device mode left elements unwritten "
+                         f"(allocations poisoned two ways give different bits): {'; '.join(unwritten)}")
     summary = (f"{len(items) - len(notes)}/{len(items)} wrong arguments rejected with an error naming them; in "
                f"device mode {poisoned} of them gave non-finite results, the others raised")
     return _summarized("bad_input", notes, summary, (), repro)
 
 
-def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
+def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict[int, DeviceModeRun]:
     """The route's bad inputs ``indices`` (among those declared for it), which the host checks reject, in device
     mode (the CUDA default: nothing read on the host, the kernels check what they read): each must raise (a
     metadata check, an entry point that reads its results on the host anyway, the device assertion of
     ``validate.DataChecks.verify``, or the interpreter refusing the poisoned values) or give NaN or an infinity
     somewhere in the outputs and gradients (the families poison with NaN; an infinite input may also come out
-    infinite), never only finite numbers. Returns ``{index: (whether it raised, whether every output was
-    finite)}``. On a GPU the calls run in a spawned process, since a device assertion ends the CUDA context it fires
+    infinite), never only finite numbers, and write every element of every output (:func:`_device_mode_run`).
+    Returns ``{index: DeviceModeRun}``. On a GPU the calls run in a spawned process, since a device assertion ends the CUDA context it fires
     in: after one, a new process goes on with the rest (:func:`_in_turn`)."""
     if run.options.device.type == "cpu":
         return {index: _device_mode_run(run.family, run.route_id, base, index) for index in indices}
@@ -304,7 +313,7 @@ def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict
         run.options.device.type, run.options.seed, pending), "spawn"), indices)
 
 
-def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) -> dict[int, tuple[bool, bool]]:
+def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) -> dict[int, DeviceModeRun]:
     """The results of ``spawn(pending)`` (a child process's :func:`_spawned_device_mode_runs`, or
     :func:`kernel_sentinel.observed.in_child`'s ``(True, what happened)``) for ``indices``, a new child going on
     after each one that stopped early. A child that died or ran past its time counts as raised at the first of its
@@ -316,25 +325,34 @@ def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) ->
         if not isinstance(done, list):
             if str(done[1]).startswith("raised"):
                 raise RuntimeError(f"the device-mode process could not run the route's bad inputs: {done[1]}")
-            done = [(True, False)]
+            done = [(True, False, ())]
         results.update(zip(pending, done))
         pending = pending[len(done):]
     return results
 
 
-def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> tuple[bool, bool]:
-    """(whether the route raised, whether every output was finite) for its bad input ``index`` in device mode."""
+DeviceModeRun = tuple[bool, bool, tuple[str, ...]]  # raised, every output finite, the outputs left part unwritten
+
+
+def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> DeviceModeRun:
+    """(whether the route raised, whether every output was finite, which outputs have elements no kernel wrote)
+    for its bad input ``index`` in device mode, run twice: with allocations poisoned with NaN and with a finite
+    second poison (:func:`provable_kernels.alloc.poisoned`), so that an unwritten element, NaN in the first run,
+    differs between them."""
     item = bad_inputs_of(family, route_id)[index]
+    runs = []
     try:
-        with value_checks("device"):
-            outputs = family.run(item.make(base))
+        for alternate in (False, True):
+            with value_checks("device"), alloc.poisoned(alternate):
+                runs.append(family.run(item.make(base)))
     except Exception:  # loud, not a silent number
-        return True, False
-    return False, not non_finite(outputs)
+        return True, False, ()
+    outputs, again = runs
+    return False, not non_finite(outputs), tuple(differences(again, outputs))
 
 
 def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
-                              indices: tuple[int, ...]) -> list[tuple[bool, bool]]:
+                              indices: tuple[int, ...]) -> list[DeviceModeRun]:
     """:func:`_device_mode_run` of each of ``indices`` in a spawned process (the family and case rebuilt from their
     names), up to the first after which the CUDA context is unusable (a device assertion): the results so far."""
     from kernel_sentinel import device as devices
@@ -350,7 +368,7 @@ def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype:
             if device != "cpu":
                 torch.cuda.synchronize()  # an asynchronous device assertion raises here
         except Exception:  # the context is gone: this one raised, a new process goes on with the rest
-            return [*results, (True, False)]
+            return [*results, (True, False, ())]
         results.append(outcome)
     return results
 
@@ -366,7 +384,9 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
 
 def check_memory(run: RouteRun, repro: str) -> CheckResult:
     sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
-    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device)
+    base = run.case(run.options.size("tiny"))
+    bad = [functools.partial(item.make, base) for item in bad_inputs_of(run.family, run.route_id)]
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, bad)
     return _summarized("memory", verdict.problems, verdict.summary, (), repro)
 
 

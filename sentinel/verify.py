@@ -7,12 +7,15 @@ and dtype:
 - ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
   route id (a mis-dispatched or unreachable route fails; nothing is skipped).
 - ``reference``: outputs and every gradient against the family's independent float64 reference, within the
-  family's tolerance for the row's dtype.
+  family's tolerance for the row's dtype; on the CPU also in device mode (the CUDA default, where the kernels
+  check the values they read: code that host mode never runs).
 - ``exact``: the same against each oracle (exact backend; brute force at tiny sizes).
 - ``properties``: the family's hypothesis properties for the route, seeded, shrinking to a minimal example.
 - ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
   ``ValueError``/``TypeError`` where declared; never NaN.
-- ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it.
+- ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it; in device mode
+  it raises or gives NaN or an infinity somewhere, and every output element is written (two runs with
+  allocations poisoned two ways give the same bits).
 - the generic checks of :mod:`kernel_sentinel.generic`, from sentinel alone: ``inputs`` (arguments unchanged,
   forward and backward), ``aliasing``, ``written`` (poisoned allocations change nothing), ``determinism``,
   ``layouts`` (non-contiguous views); at the ``small`` size, ``layouts`` at ``tiny``.
@@ -23,8 +26,9 @@ and dtype:
 - ``batch`` (:mod:`kernel_sentinel.invariance`, at the ``tiny`` size): an item (``Family.batch_items``: a
   sequence, a matrix, a segment) gives bitwise the same outputs and gradients alone and first, middle and last in
   a batch with other random items.
-- ``memory`` (:mod:`kernel_sentinel.memory`, CPU, at the ``tiny`` and ``small`` sizes): every load and store of
-  every Triton launch, under the interpreter, lies inside the launch's tensor arguments (each one copied between
+- ``memory`` (:mod:`kernel_sentinel.memory`, CPU, at the ``tiny`` and ``small`` sizes, in host and device mode,
+  and the bad inputs in device mode): every load and store of every Triton launch, under the interpreter, lies
+  inside the launch's tensor arguments (each one copied between
   canary-filled guard regions, which must stay intact); a masked read past the end fails though its value never
   shows. On CUDA it does not run (the kernels run compiled): ``--sanitize``'s ``memcheck`` is its counterpart.
 - ``opcheck`` (:mod:`kernel_sentinel.opcheck`, at the ``tiny`` size): every custom op the route calls passes
@@ -36,8 +40,9 @@ and dtype:
   two GPUs it passes as "not applicable: N GPUs", which the gate and the site do not count as evidence.
 
 Guards, bad inputs and split inputs run with value checks in host mode (``value_checks("sync")``) on every
-device: their contract is the named error; the device mode that CUDA calls use by default (NaN-poisoned results,
-device asserts) is tested by the host-sync policy tests.
+device: their contract is the named error. Device mode (the CUDA default: NaN-poisoned results, device asserts)
+runs in ``reference`` and ``memory`` on the CPU, in the second half of ``bad_input`` everywhere, and on a GPU in
+every check that runs in the default mode.
 
 ``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
 (:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's

@@ -136,6 +136,34 @@ def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family)
     assert poisoned.passed and "in device mode 1 of them gave non-finite results" in poisoned.detail, poisoned.detail
 
 
+def test_bad_input_that_leaves_an_output_unwritten_in_device_mode_fails(toy_family):
+    """In device mode a bad input may give NaN, but every element of every output must still be written: a route
+    whose poisoned output keeps one element it never wrote (NaN either way under the first poison) fails the check,
+    naming the output; the same route writing that element passes."""
+    from provable_kernels import alloc
+
+    negative = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
+        "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
+
+    def run(skip_last: bool):
+        def checked(case):
+            x = case.kwargs["x"]
+            if validate.current_mode() != "device" and bool((x < 0).any()):
+                raise ValueError("x must be >= 0")
+            total = x.abs().sum(-1)
+            value = alloc.empty(total.shape, dtype=total.dtype, device=total.device)
+            value[:-1 if skip_last else None] = torch.where((x < 0).any(-1), math.nan, total)[:-1 if skip_last else None]
+            (grad,) = torch.autograd.grad(total.sum(), x)
+            return {"value": value, "grad_x": grad}
+        return checked
+
+    unwritten = verify_route(toy_family(bad_inputs=(negative,), run=run(True)), "toy.slow", CPU).check("bad_input")
+    assert not unwritten.passed and "device mode left elements unwritten" in unwritten.detail, unwritten.detail
+    assert "value: 1/" in unwritten.detail, unwritten.detail
+    written = verify_route(toy_family(bad_inputs=(negative,), run=run(False)), "toy.slow", CPU).check("bad_input")
+    assert written.passed, written.detail
+
+
 def test_device_mode_bad_input_in_a_spawned_process_matches_in_process():
     """On a GPU the device-mode half of bad_input runs the bad inputs in a spawned process (a device assertion ends
     the CUDA context it fires in): one process rebuilds the family and case by name and runs the bad inputs one
@@ -174,8 +202,8 @@ def test_device_mode_processes_go_on_after_a_death_and_fail_when_the_route_canno
 
     assert _in_turn(asserts_at_1, (0, 1, 2)) == {0: (False, False), 1: (True, False), 2: (False, False)}
     assert children == [(0, 1, 2), (2,)]
-    assert _in_turn(lambda pending: in_child(lambda: os._exit(3), "fork"), (4, 5)) == {4: (True, False),
-                                                                                       5: (True, False)}
+    assert _in_turn(lambda pending: in_child(lambda: os._exit(3), "fork"), (4, 5)) == {4: (True, False, ()),
+                                                                                       5: (True, False, ())}
     with pytest.raises(RuntimeError, match="could not run the route's bad inputs: raised KeyError"):
         _in_turn(lambda pending: in_child(lambda: {}["no such family"], "fork"), (0,))
 
@@ -581,3 +609,38 @@ def test_planted_nan_flag_bug_fails_bad_input_in_device_mode():
         "sinkhorn", route, "bad_input", "kernels/sinkhorn/triton_sinkhorn.py", r"bad = tl\.max\(tl\.max\(bad_entry",
         "tl.max(tl.max(bad_entry", "tl.max(tl.min(bad_entry")
     assert planted_last.startswith(f"{route} float32 bad_input: x (NaN): device mode returned only numbers"), planted_last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
+def test_planted_unwritten_segment_fails_bad_input_in_device_mode():
+    """Segment's short programs trusting that a long segment's last-chunk program finishes it without checking that
+    this program finds the same segment: with unsorted ids in device mode that segment's output is then never
+    written, which only the two-poison comparison of ``bad_input`` sees (NaN is a correct output there)."""
+    route = "segment.triton.sum.train.ids"
+    planted_last = planted_failure(
+        "segment", route, "bad_input", "kernels/segment/triton_segment.py", r"return exists & \(found == s\)",
+        "exists & (found == s)", "exists")
+    assert planted_last.startswith(f"{route} float32 bad_input: ids (unsorted): device mode left elements "
+                                   f"unwritten"), planted_last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
+def test_planted_bug_in_the_kernels_own_id_check_fails_reference_in_device_mode():
+    """The kernels' own ids check (device mode, the CUDA default) reading the wrong rows poisons valid segments: on
+    the CPU only the device-mode run of ``reference`` reaches that code with valid inputs."""
+    route = "segment.triton.sum.train.ids"
+    planted_last = planted_failure(
+        "segment", route, "reference", "kernels/segment/triton_segment.py",
+        r"tl\.load\(ids_ptr \+ rows, mask=live, other=0\) != seg", "ids_ptr + rows", "ids_ptr - rows")
+    assert planted_last.startswith(f"{route} float32 reference: float64 reference, device mode: value:"), planted_last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
+def test_planted_short_search_step_fails_guards():
+    """The FAN-ary search's step rounded down loses the last id of a window of FAN k + 1: the guard with
+    N = 1 (mod FAN) rows in the ids form must see the last segment one row short."""
+    route = "segment.triton.sum.train.ids"
+    planted_last = planted_failure(
+        "segment", route, "guards", "kernels/segment/triton_segment.py", r"step = \(hi - lo \+ FAN - 1\) // FAN",
+        "FAN - 1", "FAN - 2")
+    assert planted_last.startswith(f"{route} float32 guards: N = 1 (mod 32) rows in the ids form"), planted_last

@@ -124,6 +124,9 @@ PLANTED = {
     "segment backward reads ids one row past the tile's last row": (
         "segment", "kernels/segment/triton_segment.py", r"tl\.load\(ids_ptr \+ rows, mask=rows <= last_row\b",
         "rows <= last_row", "rows <= last_row + 1", ["segment.triton.sum.train.ids"]),
+    "segment's own ids check (device mode) reading its rows without their mask": (
+        "segment", "kernels/segment/triton_segment.py", r"tl\.load\(ids_ptr \+ rows, mask=live, other=0\) != seg",
+        ", mask=live, other=0", "", ["segment.triton.sum.train.ids"]),
     "Sinkhorn's row mask b < B as b <= B (a matrix past the end, rows at n <= 4)": (
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"\n    mask = b < B\n", "b < B", "b <= B",
         ["sinkhorn.triton.log.train"]),

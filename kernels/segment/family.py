@@ -16,7 +16,7 @@ import torch
 from provable_kernels.segment import oracle, torch_ops, triton_ops
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.segment.triton_segment import segment_chunk_kernel
+from provable_kernels.segment.triton_segment import FAN, segment_chunk_kernel
 
 ENTRY_POINTS = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward)}
 ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
@@ -331,6 +331,15 @@ SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.trai
                         "segment.triton.*_backward")
 NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one chunk
+
+
+def _rows_one_past_fan(case: Any) -> dict:
+    """One-row segments before the two-chunk one, N = 1 (mod FAN) rows in all: the FAN-ary searches over N ids
+    meet a window of FAN k + 1, whose step must round up (or the last id, the last segment's last row, is lost)."""
+    ones = (1 - triton_ops.spanning_rows(case.device)) % FAN.value + FAN.value
+    return {"lengths": fitted(case.route_id, (1,) * ones, case.device)}
+
+
 ADVERSARIAL = (
     ("empty segments at both ends and inside", {"problem": lambda c: {"lengths": (0, 0) + c.problem.lengths + (0,)}},
      _expect_empty),
@@ -345,6 +354,8 @@ ADVERSARIAL = (
      f"chunks, an empty one, one over five chunks, ties (integer data) and D = 3",
      {"problem": lambda c: {"lengths": fitted(c.route_id, EDGES, c.device), "trailing": (3,)}}, "reference",
      {"routes": SEVERAL_BLOCK_ROUTES}),
+    (f"N = 1 (mod {FAN.value}) rows in the ids form: searches over a window of {FAN.value} k + 1 ids",
+     {"problem": _rows_one_past_fan}, "reference", {"routes": ("segment.triton.*.train.ids",)}),
     ("ids without num_segments (S read from ids[-1])", lambda c: c.without("no num_segments", "num_segments"),
      "reference", {"routes": ("segment.triton.*.infer.one_block", "segment.triton.*.train.ids")}))
 
