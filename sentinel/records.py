@@ -205,14 +205,18 @@ def record_path(family: str, device: dict[str, str]) -> Path:
     return record_dir() / f"{family}-{device_slug(device)}.json"
 
 
-def make_record(family: Family, device: dict[str, Any], routes: Sequence[RouteResult]) -> dict[str, Any]:
-    """The record of one family's verification on one device (see the module docstring)."""
+def make_record(family: Family, device: dict[str, Any], routes: Sequence[RouteResult],
+                stamp: Optional[tuple[str, dict[str, str]]] = None) -> dict[str, Any]:
+    """The record of one family's verification on one device (see the module docstring). ``stamp``: the commit and
+    source blob ids taken when the run began (default: now), so that a commit made during a long
+    run is not named for sources it did not run."""
+    commit, sources = stamp or (head_commit(), blob_ids(family.source_files()))
     return {
         "family": family.name,
         "device": dict(device),
         "versions": versions(),
-        "commit": head_commit(),
-        "sources": blob_ids(family.source_files()),
+        "commit": commit,
+        "sources": sources,
         "routes": [r.as_dict() for r in routes],
     }
 

@@ -257,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus)
 
+    commit = records.head_commit()  # taken at the start: the sources the run runs, not HEAD at its end
+    sources = {family.name: records.blob_ids(family.source_files()) for family in families}
     start = time.perf_counter()
     units = workers.unit_count(selected, options)
     pinned = workers.slots(resolve_jobs(args.jobs, units, args.coverage), gpus, units)
@@ -282,7 +284,6 @@ def run(args: argparse.Namespace) -> int:
     spread = {"wall_seconds": round(elapsed, 2), "shares": [s.as_dict(device) for s in shares.values()]}
     if gpus:
         workers.print_shares(spread)
-    commit = records.head_commit()
     if args.json:
         data = {**report.json_report(results, commit, info, problems), "devices": spread}
         report.write_json(args.json, {**data, "coverage": reached.as_dict()} if reached else data)
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         for family in families:
             ran = [r for r in results if r.family == family.name]
-            record = records.make_record(family, info, ran)
+            record = records.make_record(family, info, ran, (commit, sources[family.name]))
             if reached is not None:
                 record["coverage"] = reached.for_family(family.name).as_dict()
             if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources

@@ -405,6 +405,30 @@ def test_dtype_no_family_declares_is_a_usage_error(capsys):
     assert "--dtype bfloat16: no selected family declares it" in capsys.readouterr().err
 
 
+def test_a_record_names_the_commit_and_sources_at_the_start_of_the_run(tmp_path, monkeypatch):
+    """A commit made while a long verification runs must not be named for it: the record and the JSON report carry
+    the commit and source blob ids taken when the run began."""
+    from kernel_sentinel import workers
+    from kernel_sentinel.cli import main
+
+    head = ["before0"]
+    verify_here = workers.verify_here
+
+    def committing_while_running(*args, **kwargs):
+        results = verify_here(*args, **kwargs)
+        head[0] = "after00"  # a commit lands while the run goes on
+        return results
+
+    monkeypatch.setattr(records, "head_commit", lambda: head[0])
+    monkeypatch.setattr(workers, "verify_here", committing_while_running)
+    assert main(["verify", "--family", "sinkhorn", "--route", "sinkhorn.torch.log.infer", "--device", "cpu",
+                 "--quick", "--json", str(tmp_path / "report.json")]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["commit"] == "before0"
+    family = registry.family("sinkhorn")
+    record = records.make_record(family, {"type": "cpu"}, [], ("before0", {"kernels/x.py": "0" * 40}))
+    assert (record["commit"], record["sources"]) == ("before0", {"kernels/x.py": "0" * 40})
+
+
 def test_records_name_the_commit_given_by_sentinel_commit(monkeypatch):
     """A copy of the tree sent to a GPU machine names its commit in SENTINEL_COMMIT; a git checkout found there
     (another commit) must not override it."""
