@@ -1,15 +1,16 @@
 """Equivalent mutants shown, not argued: each entry of ``kernels/<family>/equivalent_mutants.json`` runs.
 
-An entry names a mutant of :mod:`kernel_sentinel.mutate` (``file``, ``before``, ``after``) that its reviewer
-judged equivalent: the program means the same. :func:`verdict` plants it in a scratch copy of the repository
-(:class:`kernel_sentinel.mutate.Scratch`) and runs the family's cases with it, in a fresh process: every route
-that executes the mutated line (found by an unmutated run of the same cases under coverage, :func:`baseline`), at
-the family's first dtype (the interpreter's cost: every dtype would multiply it by up to four), on the route's
-``tiny`` and ``small`` cases (value checks in host mode and again in device mode, the kernels' own checks) and on
-every adversarial input declared for it (built from the tiny case, value checks in host mode). Every output and gradient must be bitwise those of the
-unmutated run, and a case that raises must raise the same error. An entry whose mutant changes an output is not
-equivalent (take it off the list: ``sentinel mutate`` then runs it); an entry whose lines no longer exist in the
-file is stale; a mutant whose line no case reaches is shown nothing (the entry then rests on its reason alone).
+An entry names a mutant of :mod:`kernel_sentinel.mutate` (``file``, ``before``, ``after``) that its reviewer judged
+equivalent: the program means the same. :func:`verdict` plants it in a scratch copy of the repository
+(:class:`kernel_sentinel.mutate.Scratch`) and runs the family's cases with it, in a fresh process: every route that
+executes the mutated line (found by an unmutated run of the same cases under coverage, :func:`baseline`), at the
+family's first dtype (the interpreter's cost: every dtype would multiply it by up to four), on the route's ``tiny``
+and ``small`` cases (value checks in host mode and again in device mode, the kernels' own checks) and on every
+adversarial input declared for it (built from the tiny case, value checks in host mode). Every output and gradient
+must be bitwise those of the unmutated run, and a case that raises must raise the same error. An entry whose mutant
+changes an output is not equivalent (take it off the list: ``sentinel mutate`` then runs it); an entry whose lines
+no longer exist in the file is stale; a mutant whose line no case reaches is shown nothing (the entry then rests on
+its reason alone).
 
 The worker (``python -m kernel_sentinel.equivalence --family F --route R ... --out PATH [--coverage PATH]``) runs
 only inside a scratch copy.

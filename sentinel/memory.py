@@ -2,11 +2,11 @@
 interpreter, with no family code.
 
 The check runs the route's cases (``tiny`` and ``small``, forward and backward: :attr:`Family.run`) inside
-:func:`watching`, each twice: with value checks in host mode (the CPU default) and in device mode (the CUDA
-default: the kernels check the values they read, a code path of their own). It then runs the route's bad inputs
-in device mode, where the kernels read bad indices and lengths themselves: whatever those hold, every access must
-stay inside the arguments (an error is allowed). :func:`watching` does two things to every launch through :meth:`provable_kernels.launch.Launcher.launch`
-(every Triton launch of the library goes through it):
+:func:`watching`, each twice: with value checks in host mode (the CPU default) and in device mode (the CUDA default:
+the kernels check the values they read, a code path of their own). It then runs the route's bad inputs in device
+mode, where the kernels read bad indices and lengths themselves: whatever those hold, every access must stay inside
+the arguments (an error is allowed). :func:`watching` does two things to every launch through
+:meth:`provable_kernels.launch.Launcher.launch` (every Triton launch of the library goes through it):
 
 - **redzones**: the kernel runs on copies of its tensor arguments, each storage copied into an allocation of its
   own with a guard region before and after it (each as long as the storage, at least :data:`MIN_GUARD` bytes)

@@ -304,8 +304,8 @@ def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict
     ``validate.DataChecks.verify``, or the interpreter refusing the poisoned values) or give NaN or an infinity
     somewhere in the outputs and gradients (the families poison with NaN; an infinite input may also come out
     infinite), never only finite numbers, and write every element of every output (:func:`_device_mode_run`).
-    Returns ``{index: DeviceModeRun}``. On a GPU the calls run in a spawned process, since a device assertion ends the CUDA context it fires
-    in: after one, a new process goes on with the rest (:func:`_in_turn`)."""
+    Returns ``{index: DeviceModeRun}``. On a GPU the calls run in a spawned process, since a device assertion ends
+    the CUDA context it fires in: after one, a new process goes on with the rest (:func:`_in_turn`)."""
     if run.options.device.type == "cpu":
         return {index: _device_mode_run(run.family, run.route_id, base, index) for index in indices}
     return _in_turn(lambda pending: in_child(functools.partial(
