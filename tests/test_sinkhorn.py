@@ -293,10 +293,10 @@ def test_a_matrix_is_batch_invariant_next_to_matrices_that_take_the_log_loop(n, 
         other[1, 0] = -200.0
     else:
         other[2, 2] = -3e5
-    weight = torch.randn(n, n, dtype=torch.float64)
+    weight = torch.randn(n, n, dtype=torch.float64).to(DEVICE)
     results = []
     for batch in (item[None], torch.stack([other, item, other])):
-        leaf = batch.clone().requires_grad_()
+        leaf = batch.to(DEVICE, copy=True).requires_grad_()
         with recording() as taken:
             out = sinkhorn(leaf, 7, "log")
         assert taken == ["sinkhorn.triton.log.train"]
