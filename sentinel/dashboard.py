@@ -154,7 +154,8 @@ def kill_rate(mutation: Optional[Mapping[str, Any]], short: bool = False) -> str
     stale = "" if mutation_is_current(mutation) else f" {SYMBOL['stale']} (sources changed since)"
     if short:
         return f"{mutation['kill_rate']:.0f}%{stale}"
-    return (f"{mutation['kill_rate']:.1f}% ({mutation['killed']}/{mutation['sampled']}){stale}<br>{mutation['date']} "
+    counted = mutation["sampled"] - mutation.get("equivalent_sampled", 0)  # sampled mutants shown equivalent: out
+    return (f"{mutation['kill_rate']:.1f}% ({mutation['killed']}/{counted}){stale}<br>{mutation['date']} "
             f"`{mutation['commit'][:7]}`")
 
 

@@ -32,7 +32,9 @@ are the same (a kept unmutated run vouches only for the environment it passed in
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
 where ``before``/``after`` are the mutated line(s) with whitespace collapsed (as printed for survivors). They are
-excluded before sampling.
+excluded before sampling. A sampled mutant that survives and that the list names by the end of the run (an entry
+added after reviewing the run's survivors; every entry is shown equivalent by ``tests/test_equivalent_mutants.py``)
+is reported as ``equivalent`` and left out of the kill rate, not counted as killed.
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
 everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` for the site. Exit codes: 0; 1 when
@@ -619,26 +621,28 @@ def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, exclude
               seed: int) -> dict[str, Any]:
     """The JSON summary of one family's run (also the record the site shows)."""
     files: dict[str, dict[str, Any]] = {}
-    for o in outcomes:
+    counted = [o for o in outcomes if o.status != "equivalent"]  # shown equivalent: out of every kill rate
+    for o in counted:
         entry = files.setdefault(o.mutant.file, {"mutants": 0, "killed": 0})
         entry["mutants"] += 1
         entry["killed"] += o.killed
     for entry in files.values():
         entry["kill_rate"] = round(100.0 * entry["killed"] / entry["mutants"], 1)
-    killed = sum(o.killed for o in outcomes)
+    killed = sum(o.killed for o in counted)
     return {
         "family": family,
         "seed": seed,
         "candidates": candidates,
         "equivalent_excluded": excluded,
         "sampled": len(outcomes),
+        "equivalent_sampled": len(outcomes) - len(counted),
         "killed": killed,
-        "kill_rate": round(100.0 * killed / len(outcomes), 1) if outcomes else None,
-        "by_operator": {op: {"mutants": sum(o.mutant.operator == op for o in outcomes),
-                             "killed": sum(o.killed for o in outcomes if o.mutant.operator == op)}
+        "kill_rate": round(100.0 * killed / len(counted), 1) if counted else None,
+        "by_operator": {op: {"mutants": sum(o.mutant.operator == op for o in counted),
+                             "killed": sum(o.killed for o in counted if o.mutant.operator == op)}
                         for op in OPERATORS},
         "files": dict(sorted(files.items())),
-        "survivors": [{"diff": o.mutant.diff(), "status": o.status} for o in outcomes if not o.killed],
+        "survivors": [{"diff": o.mutant.diff(), "status": o.status} for o in counted if not o.killed],
         "mutants": [{**dataclasses.asdict(o.mutant), "status": o.status, "by": o.by,
                      "seconds": round(o.seconds, 2)} for o in outcomes],
     }
@@ -653,12 +657,14 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "file" else "right")
     for file, entry in summary["files"].items():
         table.add_row(file, str(entry["mutants"]), str(entry["killed"]), f"{entry['kill_rate']:.1f}%")
-    rate = summary["kill_rate"]
-    table.add_row("all", str(summary["sampled"]), str(summary["killed"]), "-" if rate is None else f"{rate:.1f}%",
-                  style="bold")
+    rate, shown = summary["kill_rate"], summary["equivalent_sampled"]
+    table.add_row("all", str(summary["sampled"] - shown), str(summary["killed"]),
+                  "-" if rate is None else f"{rate:.1f}%", style="bold")
     console.out.print(table)
     console.out.print(f"{summary['candidates']} candidate mutants, {summary['equivalent_excluded']} reviewed "
-                      f"equivalent excluded, {summary['sampled']} run (seed {summary['seed']})", highlight=False)
+                      f"equivalent excluded, {summary['sampled']} run (seed {summary['seed']})"
+                      + (f", {shown} of them shown equivalent since (not counted)" if shown else ""),
+                      highlight=False)
     for survivor in summary["survivors"]:
         note = " (no route runs this line)" if survivor["status"] == "unreached" else ""
         console.out.print(f"survived{note}: {escape(survivor['diff'])}", highlight=False, soft_wrap=True)
@@ -755,7 +761,16 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     finally:
         for s in made:
             s.remove()
-    return summarize(family.name, outcomes, len(candidates), len(candidates) - len(kept), args.seed)
+    shown = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)  # entries added meanwhile
+    return summarize(family.name, with_equivalents(outcomes, shown), len(candidates), len(candidates) - len(kept),
+                     args.seed)
+
+
+def with_equivalents(outcomes: Sequence[Outcome], shown: dict[tuple[str, str, str], str]) -> list[Outcome]:
+    """``outcomes`` with each survivor that ``shown`` (:func:`load_equivalents`) names marked ``equivalent``, its
+    reason as ``by``; killed and unreached mutants stay as they are."""
+    return [dataclasses.replace(o, status="equivalent", by=shown[o.mutant.key])
+            if o.status == "survived" and o.mutant.key in shown else o for o in outcomes]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -84,6 +84,13 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
     assert summary["kill_rate"] == 50.0 and summary["files"]["k.py"] == {"mutants": 4, "killed": 2, "kill_rate": 50.0}
     assert [s["status"] for s in summary["survivors"]] == ["survived", "unreached"]
     assert summary["survivors"][0]["diff"] == mutants[2].diff()
+    reviewed = {mutants[2].key: "the same program", mutants[0].key: "listed, but the run killed it"}
+    shown = mutate.with_equivalents(outcomes, reviewed)  # a survivor shown equivalent since
+    assert [o.status for o in shown] == ["killed", "timeout", "equivalent", "unreached"]
+    summary = mutate.summarize("toy", shown, candidates=10, excluded=1, seed=0)
+    assert (summary["kill_rate"], summary["killed"], summary["sampled"], summary["equivalent_sampled"]) == \
+        (66.7, 2, 4, 1)
+    assert [s["status"] for s in summary["survivors"]] == ["unreached"]
 
 
 class _FakeScratch:
