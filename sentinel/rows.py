@@ -297,6 +297,9 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     return _summarized("bad_input", notes, summary, (), repro)
 
 
+DeviceModeRun = tuple[bool, bool, tuple[str, ...]]  # raised, every output finite, the outputs left part unwritten
+
+
 def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict[int, DeviceModeRun]:
     """The route's bad inputs ``indices`` (among those declared for it), which the host checks reject, in device
     mode (the CUDA default: nothing read on the host, the kernels check what they read): each must raise (a
@@ -329,9 +332,6 @@ def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) ->
         results.update(zip(pending, done))
         pending = pending[len(done):]
     return results
-
-
-DeviceModeRun = tuple[bool, bool, tuple[str, ...]]  # raised, every output finite, the outputs left part unwritten
 
 
 def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> DeviceModeRun:

@@ -112,27 +112,33 @@ def test_bad_input_that_is_accepted_or_not_named_fails(toy_family):
     assert "fast (1-D x): message does not start with 'fast'" in check.detail
 
 
+NEGATIVE = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
+    "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
+
+
+def _rejecting_negative(value_of):
+    """A toy route whose host checks reject a negative ``x`` (not in device mode) and whose outputs are
+    ``value_of(x, row_sums)`` and the row sums' gradient."""
+    def checked(case):
+        x = case.kwargs["x"]
+        if validate.current_mode() != "device" and bool((x < 0).any()):
+            raise ValueError("x must be >= 0")
+        total = x.abs().sum(-1)
+        (grad,) = torch.autograd.grad(total.sum(), x)
+        return {"value": value_of(x, total.detach()), "grad_x": grad}
+    return checked
+
+
 def test_bad_input_that_becomes_a_silent_number_in_device_mode_fails(toy_family):
     """A wrong value the host checks reject must, in device mode (no host read), raise or give NaN or an infinity:
     a route that then returns only finite numbers fails the check; one that poisons its outputs passes."""
-    negative = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
-        "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
-
     def run(poison: bool):
-        def checked(case):
-            x = case.kwargs["x"]
-            if validate.current_mode() != "device" and bool((x < 0).any()):
-                raise ValueError("x must be >= 0")
-            value = x.abs().sum(-1)
-            if poison:
-                value = torch.where((x < 0).any(-1), math.nan, value)
-            (grad,) = torch.autograd.grad(value.sum(), x)
-            return {"value": value.detach(), "grad_x": grad}
-        return checked
+        return _rejecting_negative(lambda x, total: torch.where((x < 0).any(-1), math.nan, total) if poison
+                                   else total)
 
-    silent = verify_route(toy_family(bad_inputs=(negative,), run=run(False)), "toy.slow", CPU).check("bad_input")
+    silent = verify_route(toy_family(bad_inputs=(NEGATIVE,), run=run(False)), "toy.slow", CPU).check("bad_input")
     assert not silent.passed and "a bad value became a silent number" in silent.detail, silent.detail
-    poisoned = verify_route(toy_family(bad_inputs=(negative,), run=run(True)), "toy.slow", CPU).check("bad_input")
+    poisoned = verify_route(toy_family(bad_inputs=(NEGATIVE,), run=run(True)), "toy.slow", CPU).check("bad_input")
     assert poisoned.passed and "in device mode 1 of them gave non-finite results" in poisoned.detail, poisoned.detail
 
 
@@ -142,25 +148,17 @@ def test_bad_input_that_leaves_an_output_unwritten_in_device_mode_fails(toy_fami
     naming the output; the same route writing that element passes."""
     from provable_kernels import alloc
 
-    negative = BadInput("x", "a negative entry", ("toy.*",), lambda c: c.with_kwargs(
-        "x negative", x=(-c.kwargs["x"].detach().abs()).requires_grad_()))
-
     def run(skip_last: bool):
-        def checked(case):
-            x = case.kwargs["x"]
-            if validate.current_mode() != "device" and bool((x < 0).any()):
-                raise ValueError("x must be >= 0")
-            total = x.abs().sum(-1)
+        def value_of(x, total):
             value, end = alloc.empty(total.shape, dtype=total.dtype, device=total.device), -1 if skip_last else None
             value[:end] = torch.where((x < 0).any(-1), math.nan, total)[:end]
-            (grad,) = torch.autograd.grad(total.sum(), x)
-            return {"value": value, "grad_x": grad}
-        return checked
+            return value
+        return _rejecting_negative(value_of)
 
-    unwritten = verify_route(toy_family(bad_inputs=(negative,), run=run(True)), "toy.slow", CPU).check("bad_input")
+    unwritten = verify_route(toy_family(bad_inputs=(NEGATIVE,), run=run(True)), "toy.slow", CPU).check("bad_input")
     assert not unwritten.passed and "device mode left elements unwritten" in unwritten.detail, unwritten.detail
     assert "value: 1/" in unwritten.detail, unwritten.detail
-    written = verify_route(toy_family(bad_inputs=(negative,), run=run(False)), "toy.slow", CPU).check("bad_input")
+    written = verify_route(toy_family(bad_inputs=(NEGATIVE,), run=run(False)), "toy.slow", CPU).check("bad_input")
     assert written.passed, written.detail
 
 
