@@ -396,6 +396,8 @@ BAD_INPUTS = (
     ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0))),
     ("ids", "out of range", _index_changed("ids", lambda i: i + 10)),
     ("ids", "negative", _index_changed("ids", lambda i: i - 1)),
+    ("ids", "the last alone at num_segments", lambda c: _index_changed(
+        "ids", lambda i: torch.cat([i[:-1], i.new_full((1,), len(c.problem.lengths))]))(c)),
     ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
     ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),

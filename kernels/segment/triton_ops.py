@@ -92,10 +92,10 @@ def _block_d(D: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def sizes(D: int, interpreted: bool = False) -> Sizes:
-    """The :class:`Sizes` of D columns (memoised); ``interpreted``: CPU tensors under the Triton interpreter."""
+def sizes(D: int, device: torch.device) -> Sizes:
+    """The :class:`Sizes` of D columns on ``device`` (memoised); CPU tensors run under the Triton interpreter."""
     block_d = _block_d(D)
-    if interpreted:
+    if device.type == "cpu":
         return replace(INTERPRETED, block_d=block_d)
     # verify: unreached (compiled kernels only: CUDA; tests/test_segment.py)
     return Sizes(lanes=LONG_TILE // block_d, short_groups=CHUNK_TILE // block_d // COMPILED["short_lanes"],
@@ -104,12 +104,12 @@ def sizes(D: int, interpreted: bool = False) -> Sizes:
 
 def short_rows(device: torch.device) -> int:
     """The most rows of a short segment on ``device`` (every D)."""
-    return sizes(1, device.type == "cpu").short_rows
+    return sizes(1, device).short_rows
 
 
 def spanning_rows(device: torch.device) -> int:
     """Rows of a segment cut into two chunks on ``device``, the second of one row (verification cases)."""
-    return sizes(1, device.type == "cpu").min_chunk + 1
+    return sizes(1, device).min_chunk + 1
 
 
 def one_block(N: int, device: torch.device) -> bool:
@@ -166,7 +166,7 @@ class ForwardPlan:
         self.want_arg, self.ids_form = want_arg, ids_form
         code = REDUCE_CODE[reduce]
         acc_torch, acc = _acc(dtype)
-        z = sizes(D, device.type == "cpu")
+        z = sizes(D, device)
         slots = N // z.short_rows if N > z.short_rows else 0  # long chunks' workspace slots (programs)
         column_blocks = _cdiv(D, z.block_d)
         # int32 words: partial values (2 per float64), partial args (max / min), tags; a flag per slot and block
@@ -239,7 +239,7 @@ class BackwardPlan:
         self.max_min, self.ids_form = code >= 2, ids_form
         self.launch = None
         if rows and D and S:
-            z = sizes(D, device.type == "cpu")
+            z = sizes(D, device)
             self.launch = launcher(segment_backward_kernel).bind(
                 (_cdiv(rows, z.backward_rows), _cdiv(D, z.block_d)), (rows, D, S, *strides),
                 options(BN=z.backward_rows, BD=z.block_d, BK=BOUNDARY_WINDOW, IDS=ids_form, REDUCE=code,
