@@ -214,7 +214,11 @@ def _targets_met(row: dict, targets: dict) -> str:
     got = [("fwd", row["forward_x_trivial"] <= targets["forward"])]
     if row.get("both_x_trivial_step") is not None:
         got.append(("fwd+bwd", row["both_x_trivial_step"] <= targets["both"]))
-    return ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in got)
+    text = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in got)
+    kernel_x = row["kernel_us"] / (row["forward_us"] / row["forward_x_trivial"]) if row.get("kernel_us") else None
+    if not got[0][1] and kernel_x is not None and kernel_x > targets["forward"]:
+        text += f" (kernel-bound: the kernel alone is {kernel_x:.1f}x the trivial op)"
+    return text
 
 
 def overhead_page(results: Path) -> Optional[str]:

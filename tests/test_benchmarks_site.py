@@ -132,3 +132,16 @@ def test_page_judges_the_adapters_targets(tmp_path, monkeypatch):
     assert "### Targets" in text and "1 of 2 met (`triton`;" in text
     assert "| >= 1x flash-semicrf at T=100 | B=4,T=100,K=8,C=3,semiring=Log | forward | 0.5 | 1 | **no** |" in text
     assert "| >= 1x flash-semicrf at T=100 | B=4,T=100,K=8,C=3,semiring=Log | both | 2 | 1 | yes |" in text
+
+
+def test_overhead_targets_name_a_kernel_bound_miss():
+    """A forward that misses its target says so; where the kernel alone is above the target (no host path could meet
+    it), the miss is marked kernel-bound with the kernel's own ratio; the peers' rows are not judged."""
+    targets = {"forward": 2.5, "both": 6.0}
+    row = dict(ours=True, forward_us=30.0, forward_x_trivial=4.0, kernel_us=27.0, both_x_trivial_step=5.0)
+    assert site._targets_met(row, targets) == (
+        "fwd missed, fwd+bwd met (kernel-bound: the kernel alone is 3.6x the trivial op)")
+    host_bound = dict(row, kernel_us=6.0)
+    assert site._targets_met(host_bound, targets) == "fwd missed, fwd+bwd met"
+    assert site._targets_met(dict(row, forward_x_trivial=2.0, forward_us=15.0), targets) == "fwd met, fwd+bwd met"
+    assert site._targets_met(dict(row, ours=False), targets) == "-"
