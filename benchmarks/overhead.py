@@ -9,10 +9,14 @@ Host speed differs from one machine to the next; the ratios to the trivial op do
 2.5x and forward+backward <= 6x. The trivial op's own training step (``torch.autograd.grad(zg * 2, zg, w)``, one
 multiply and its backward) is measured too, ``both_x_trivial_step`` = forward+backward / that: autograd's engine
 alone (its device thread, the graph) costs 8-14x ``z.add(1)`` on the lent H100 hosts, so no differentiable op
-meets 6x, and this ratio says what a call adds over the engine. ``kernel_us``: the forward captured in a CUDA graph and replayed
-(``triton.testing.do_bench_cudagraph``, median: no host work), ``host_us`` = ``forward_us`` - ``kernel_us``, what
-the public call adds over its kernels (None where the call cannot be captured, e.g. a host sync; the reason is
-recorded). The first call of each family (fresh Triton cache: compilation included) is ``first_call_s``.
+meets 6x, and this ratio says what a call adds over the engine. Each ratio is the median of per-repeat ratios, the
+trivial op's loop timed right before the call's (:func:`paired_us`: the host's speed drifts within a run on a shared
+machine). ``kernel_us``: the forward captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``,
+median: no host work; None where the call cannot be captured, e.g. a host sync; the reason is recorded).
+``host_us``: the forward's host time, the GPU held busy by a sleep kernel so that the calls only queue work
+(``host_x_trivial`` against the trivial op's, measured the same way): the wall time per call is about the larger
+of the two, so a host time below the kernel's hides under it. The first call of each family (fresh Triton cache:
+compilation included) is ``first_call_s``.
 
 ``breakdown``: for every family, this project's first implementation at the adapter's anchors and its launch-bound
 overhead shape, forward and forward+backward: warm-up calls, the mean wall time per call (synchronised, ``REPS``
@@ -47,33 +51,74 @@ COLUMNS = [("family", "family", ""), ("config", "shape", ""), ("impl", "impl", "
            ("forward_us", "fwd us", ".1f"), ("forward_x_trivial", "fwd / trivial", ".2f"),
            ("both_us", "fwd+bwd us", ".1f"), ("both_x_trivial", "fwd+bwd / trivial", ".2f"),
            ("both_x_trivial_step", "fwd+bwd / trivial step", ".2f"),
-           ("kernel_us", "kernel us", ".1f"), ("host_us", "host us", ".1f"),
+           ("kernel_us", "kernel us", ".1f"), ("host_us", "host us", ".1f"), ("host_x_trivial", "host / trivial", ".2f"),
            ("forward_launches", "fwd launches", ""), ("both_launches", "fwd+bwd launches", "")]
 REPS = 20  # profiled calls per breakdown case
 
 
 LOOP_S = 0.1  # a timed loop holds fewer than --calls calls when they would take longer than this
+SLEEP_CYCLES_PER_S = 2.5e9  # GPU clock cycles per second, rounded up (H100 / H200 SM clocks stay below 2 GHz)
+HOST_CALLS = 64  # calls per host-time loop: their launches must not fill the GPU's queue of pending work
+
+
+def _loop_calls(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> int:
+    """``calls``, or as many as fill ``LOOP_S`` (at least 3), from one timed call of ``fn``."""
+    fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return max(3, min(calls, int(LOOP_S / max(time.perf_counter() - start, 1e-9))))
+
+
+def _loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+    """Wall time per call of a loop of ``calls`` back-to-back calls, synchronised before and after."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _host_loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+    """Host time per call of a loop of ``calls`` calls with the GPU held busy (CUDA): a sleep kernel queued first
+    outlasts the loop, so the calls only queue their work and the loop's time is their Python and launch time
+    alone (a call that waits for the GPU waits for the sleep too)."""
+    loop_s = _loop_us(fn, calls, sync) * calls * 1e-6  # the loop's time with the GPU free: the sleep outlasts it
+    torch.cuda._sleep(int(SLEEP_CYCLES_PER_S * (3 * loop_s + 1e-3)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e6
+    sync()
+    return host
 
 
 def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
     """Median over ``repeats`` loops of back-to-back calls (``calls``, or as many as fill ``LOOP_S``, at least 3)
     of the wall time per call, in microseconds."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    calls = max(3, min(calls, int(LOOP_S / max(time.perf_counter() - start, 1e-9))))
-    times = []
+    calls = _loop_calls(fn, calls, sync)
+    return statistics.median(_loop_us(fn, calls, sync) for _ in range(repeats))
+
+
+def paired_us(fn: Callable[[], Any], baseline: Callable[[], Any], calls: int, repeats: int, device: torch.device,
+              host: bool = False) -> tuple[float, float]:
+    """(the median time per call of ``fn``, the median over the repeats of its ratio to ``baseline``'s): wall time
+    as :func:`wall_us` measures it, or with ``host`` the host time with the GPU held busy (:func:`_host_loop_us`,
+    CUDA). Each repeat times a loop of ``baseline`` right before a loop of ``fn``, so that the host's speed, which
+    drifts within a run on a shared machine, cancels in the ratio."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    loop = _host_loop_us if host else _loop_us
+    calls = min(calls, HOST_CALLS) if host else calls
+    calls, base_calls = _loop_calls(fn, calls, sync), _loop_calls(baseline, calls, sync)
+    times, ratios = [], []
     for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+        base = loop(baseline, base_calls, sync)
+        times.append(loop(fn, calls, sync))
+        ratios.append(times[-1] / base)
+    return statistics.median(times), statistics.median(ratios)
 
 
 def graph_us(fn: Callable[[], Any]) -> tuple[Optional[float], Optional[str]]:
@@ -113,7 +158,7 @@ def calls_of(adapter: adapters.Adapter, impl: adapters.Impl, config: dict,
 
 
 def measure_family(adapter: adapters.Adapter, device: torch.device, calls: int, repeats: int,
-                   trivial_us: float, trivial_step_us: float) -> list[dict]:
+                   trivial: Callable[[], Any], trivial_step: Callable[[], Any], trivial_us: float) -> list[dict]:
     rows = []
     for n, config in enumerate(adapter.overhead_shapes):
         for impl in (next(i for i in adapter.impls if i.ours), adapter.impl(adapter.peer)):
@@ -128,20 +173,17 @@ def measure_family(adapter: adapters.Adapter, device: torch.device, calls: int, 
                 both()
             if n == 0 and impl.ours:
                 row["first_call_s"] = time.perf_counter() - started
-            row["forward_us"] = wall_us(forward, calls, repeats, device)
-            row["forward_x_trivial"] = row["forward_us"] / trivial_us
+            row["forward_us"], row["forward_x_trivial"] = paired_us(forward, trivial, calls, repeats, device)
             if both is not None:
-                row["both_us"] = wall_us(both, calls, repeats, device)
+                row["both_us"], row["both_x_trivial_step"] = paired_us(both, trivial_step, calls, repeats, device)
                 row["both_x_trivial"] = row["both_us"] / trivial_us
-                row["both_x_trivial_step"] = row["both_us"] / trivial_step_us
             if device.type == "cuda":
                 row["forward_launches"] = device_launches(forward)
                 row["both_launches"] = None if both is None else device_launches(both)
+                row["host_us"], row["host_x_trivial"] = paired_us(forward, trivial, calls, repeats, device, True)
                 row["kernel_us"], why = graph_us(forward)
                 if why:
                     row["kernel_note"] = why
-                else:
-                    row["host_us"] = row["forward_us"] - row["kernel_us"]
             rows.append(row)
     return rows
 
@@ -244,15 +286,18 @@ def run(opts: argparse.Namespace) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="overhead-triton-"))  # first call compiles
     z = torch.zeros(16, device=device)
     zg, w = torch.zeros(16, device=device, requires_grad=True), torch.ones(16, device=device)
-    trivial_us = wall_us(lambda: z.add(1), calls, repeats, device)
-    step_us = wall_us(lambda: torch.autograd.grad(zg * 2, [zg], w), calls, repeats, device)
+    op, step = (lambda: z.add(1)), (lambda: torch.autograd.grad(zg * 2, [zg], w))
+    trivial_us = wall_us(op, calls, repeats, device)
+    step_us = wall_us(step, calls, repeats, device)
     trivial = dict(config="16 floats", impl="z.add(1); zg * 2 with autograd", forward_us=trivial_us,
                    forward_x_trivial=1.0, both_us=step_us, both_x_trivial=step_us / trivial_us,
-                   both_x_trivial_step=1.0, forward_launches=device_launches(lambda: z.add(1)) if cuda else None)
+                   both_x_trivial_step=1.0, forward_launches=device_launches(op) if cuda else None)
+    if cuda:
+        trivial["host_us"] = paired_us(op, op, calls, repeats, device, True)[0]
     rows: list[dict] = []
     for family in opts.families:
         family_rows = [{**trivial, "family": family}] + measure_family(adapters.load(family), device, calls, repeats,
-                                                                        trivial_us, step_us)
+                                                                        op, step, trivial_us)
         out = run_dir(opts.out, family, device)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "overhead.json", dict(environment=environment(device), calls=calls, repeats=repeats,

@@ -202,7 +202,7 @@ def page(family: str, results: Path) -> tuple[str, dict[str, bytes]]:
 
 
 OVERHEAD_COLUMNS = (("forward_us", ".1f"), ("forward_x_trivial", ".2f"), ("both_us", ".1f"), ("both_x_trivial", ".2f"),
-                    ("both_x_trivial_step", ".2f"), ("kernel_us", ".1f"), ("host_us", ".1f"),
+                    ("both_x_trivial_step", ".2f"), ("kernel_us", ".1f"), ("host_us", ".1f"), ("host_x_trivial", ".2f"),
                     ("forward_launches", "d"), ("both_launches", "d"), ("first_call_s", ".2f"))
 
 
@@ -216,6 +216,8 @@ def _targets_met(row: dict, targets: dict) -> str:
     kernel_x = row["kernel_us"] / (row["forward_us"] / row["forward_x_trivial"]) if row.get("kernel_us") else None
     if not forward_ok and kernel_x is not None and kernel_x > targets["forward"]:
         parts[0] += f" (kernel-bound: the kernel alone is {kernel_x:.1f}x the trivial op)"
+    elif not forward_ok and row.get("host_x_trivial") is not None:
+        parts[0] += f" (host-bound: the host part is {row['host_x_trivial']:.1f}x the trivial op's)"
     if row.get("both_x_trivial_step") is not None:
         parts.append(f"fwd+bwd {'met' if row['both_x_trivial_step'] <= targets['both'] else 'missed'}")
     return ", ".join(parts)
@@ -238,7 +240,10 @@ def overhead_page(results: Path) -> Optional[str]:
              "Forward+backward is also divided by the trivial op's own training step (`zg * 2` and its backward "
              "through `torch.autograd.grad`): autograd's engine alone costs several times `z.add(1)`. Kernel: "
              "the forward captured in a CUDA graph and replayed (no host work; `-` where the call cannot be "
-             "captured); host = forward - kernel. Launches: CUDA kernels, copies and memsets per call "
+             "captured). Host: the forward's host time with the GPU held busy by a sleep kernel (the calls only "
+             "queue their work), against the trivial op's measured the same way; the wall time per call is about "
+             "the larger of kernel and host. Ratios: the median of per-repeat ratios, the trivial op timed right "
+             "before the call (the host's speed drifts within a run). Launches: CUDA kernels, copies and memsets per call "
              "(`torch.profiler`). First call: the family's first forward+backward in the process, with an empty "
              "Triton cache (compilation included).", ""]
     for slug in sorted(by_device):
@@ -251,8 +256,8 @@ def overhead_page(results: Path) -> Optional[str]:
                   f"{targets['both']}x the trivial op's training step (a training step through autograd costs "
                   f"several times `z.add(1)` before any kernel runs)", "",
                   "| family | shape | implementation | forward us | / trivial | fwd+bwd us | / trivial | / trivial step | "
-                  "kernel us | host us | launches fwd | launches fwd+bwd | first call s | targets |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "kernel us | host us | host / trivial | launches fwd | launches fwd+bwd | first call s | targets |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in (row for run in runs for row in run["rows"]):
             cells = [row["family"], row["config"], row["impl"]] + [
                 fmt(row.get(k), spec) if row.get(k) is not None else row.get("skipped", "-") if k == "forward_us"
