@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU session, one device-tool call per phase (each under its 10-minute limit), `.whl` carried:
+# The GPU session, one device-tool call per phase (each under its 10-minute limit), `.whl` carried, SENTINEL_COMMIT=<sha>
+# (the commit the tree was sent from) set:
 #     bash benchmarks/gpu_session.sh verify     # sentinel verify --device cuda --record, one process per family
 #     bash benchmarks/gpu_session.sh sanitize   # the same under compute-sanitizer (--sanitize), recorded
 #     bash benchmarks/gpu_session.sh bench      # python -m benchmarks gpu: every family's default grid and analysis
@@ -31,6 +32,12 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead|breakdown|check}
 case "$PHASE" in verify|sanitize|bench|overhead|breakdown|check) ;; *) echo "unknown phase $PHASE" >&2; exit 2;; esac
+# Every phase stamps what it writes with a commit, and the copy of the tree sent here has no .git of its own (or a
+# stale one): the caller names the commit it sent.
+if [ -z "${SENTINEL_COMMIT:-}" ]; then
+  echo "SENTINEL_COMMIT must name the commit this tree was sent from (SENTINEL_COMMIT=<sha> bash $0 $PHASE)" >&2
+  exit 2
+fi
 VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-540}
 VERIFY_ROUTES=${VERIFY_ROUTES:-}
 VERIFY_EXTRAS=${VERIFY_EXTRAS:-0}
@@ -64,7 +71,6 @@ step install python3 -m pip install -q --no-index --no-deps --no-compile --no-ca
 mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels \
   && ln -sfn "$PWD/sentinel" /tmp/import/kernel_sentinel
 export PYTHONPATH=/tmp/site:/tmp/import
-# The copy of the tree here has no .git: name the commit it was sent from (SENTINEL_COMMIT=<sha> bash ...).
 step nvidia-smi nvidia-smi
 
 if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then

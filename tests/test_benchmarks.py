@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -330,3 +331,11 @@ def test_the_semicrf_gpu_checks_reach_the_apis_they_use():
     plan = triton_ops._plan(call)
     assert triton_ops.partition_runner(plan, True, torch.float64)(*plan.inputs()).shape == (2,)
     assert triton_ops.train_forward(call) is not None
+
+
+def test_gpu_session_refuses_to_run_without_the_commit_it_stamps():
+    """Results and records are stamped with SENTINEL_COMMIT: without it the session stops at once (usage error)."""
+    env = {k: v for k, v in os.environ.items() if k != "SENTINEL_COMMIT"}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "overhead"], capture_output=True,
+                          text=True, env={**env, "OUT": "/nonexistent"})
+    assert done.returncode == 2 and "SENTINEL_COMMIT must name the commit" in done.stderr
