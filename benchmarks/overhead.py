@@ -9,13 +9,15 @@ Host speed differs from one machine to the next; the ratios to the trivial op do
 2.5x and forward+backward <= 6x. The trivial op's own training step (``torch.autograd.grad(zg * 2, zg, w)``, one
 multiply and its backward) is measured too, ``both_x_trivial_step`` = forward+backward / that: autograd's engine
 alone (its device thread, the graph) costs 8-14x ``z.add(1)`` on the lent H100 hosts, so no differentiable op
-meets 6x, and this ratio says what a call adds over the engine. Each ratio is the median of per-repeat ratios, the
-trivial op's loop timed right before the call's (:func:`paired_us`: the host's speed drifts within a run on a shared
-machine). ``kernel_us``: the forward captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``,
+meets 6x, and this ratio says what a call adds over the engine. ``forward_x_trivial``, ``both_x_trivial_step`` and
+``host_x_trivial`` are medians of per-repeat ratios, the trivial op's loop timed right before the call's
+(:func:`paired_us`: the host's speed drifts within a run on a shared machine); ``both_x_trivial`` divides by the
+trivial op's time from the start of the run. ``kernel_us``: the forward captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``,
 median: no host work; None where the call cannot be captured, e.g. a host sync; the reason is recorded).
 ``host_us``: the forward's host time, the GPU held busy by a sleep kernel so that the calls only queue work
-(``host_x_trivial`` against the trivial op's, measured the same way): the wall time per call is about the larger
-of the two, so a host time below the kernel's hides under it. The first call of each family (fresh Triton cache:
+(``host_x_trivial`` against the trivial op's, measured the same way; None with a ``host_note`` for a call that
+waits for the GPU): the wall time per call is about the larger of the two, so a host time below the kernel's
+hides under it. The first call of each family (fresh Triton cache:
 compilation included) is ``first_call_s``.
 
 ``breakdown``: for every family, this project's first implementation at the adapter's anchors and its launch-bound
@@ -59,6 +61,7 @@ REPS = 20  # profiled calls per breakdown case
 LOOP_S = 0.1  # a timed loop holds fewer than --calls calls when they would take longer than this
 SLEEP_CYCLES_PER_S = 2.5e9  # GPU clock cycles per second, rounded up (H100 / H200 SM clocks stay below 2 GHz)
 HOST_CALLS = 64  # calls per host-time loop: their launches must not fill the GPU's queue of pending work
+HOST_METHOD = "gpu-busy"  # how host_us was measured (older results: forward_us - kernel_us)
 
 
 def _loop_calls(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> int:
@@ -81,18 +84,21 @@ def _loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> flo
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def _host_loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+def _host_loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> Optional[float]:
     """Host time per call of a loop of ``calls`` calls with the GPU held busy (CUDA): a sleep kernel queued first
     outlasts the loop, so the calls only queue their work and the loop's time is their Python and launch time
-    alone (a call that waits for the GPU waits for the sleep too)."""
+    alone. None when the sleep had ended before the loop did: the calls waited for the GPU (a host sync)."""
     loop_s = _loop_us(fn, calls, sync) * calls * 1e-6  # the loop's time with the GPU free: the sleep outlasts it
     torch.cuda._sleep(int(SLEEP_CYCLES_PER_S * (3 * loop_s + 1e-3)))
+    slept = torch.cuda.Event()
+    slept.record()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     host = (time.perf_counter() - start) / calls * 1e6
+    waited = slept.query()
     sync()
-    return host
+    return None if waited else host
 
 
 def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
@@ -104,20 +110,23 @@ def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.devic
 
 
 def paired_us(fn: Callable[[], Any], baseline: Callable[[], Any], calls: int, repeats: int, device: torch.device,
-              host: bool = False) -> tuple[float, float]:
+              host: bool = False) -> tuple[Optional[float], Optional[float]]:
     """(the median time per call of ``fn``, the median over the repeats of its ratio to ``baseline``'s): wall time
     as :func:`wall_us` measures it, or with ``host`` the host time with the GPU held busy (:func:`_host_loop_us`,
-    CUDA). Each repeat times a loop of ``baseline`` right before a loop of ``fn``, so that the host's speed, which
-    drifts within a run on a shared machine, cancels in the ratio."""
+    CUDA; (None, None) when a loop waited for the GPU). Each repeat times a loop of ``baseline`` right before a
+    loop of ``fn``, so that the host's speed, which drifts within a run on a shared machine, cancels in the
+    ratio."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loop = _host_loop_us if host else _loop_us
     calls = min(calls, HOST_CALLS) if host else calls
     calls, base_calls = _loop_calls(fn, calls, sync), _loop_calls(baseline, calls, sync)
     times, ratios = [], []
     for _ in range(repeats):
-        base = loop(baseline, base_calls, sync)
-        times.append(loop(fn, calls, sync))
-        ratios.append(times[-1] / base)
+        base, time_us = loop(baseline, base_calls, sync), loop(fn, calls, sync)
+        if base is None or time_us is None:
+            return None, None
+        times.append(time_us)
+        ratios.append(time_us / base)
     return statistics.median(times), statistics.median(ratios)
 
 
@@ -181,6 +190,8 @@ def measure_family(adapter: adapters.Adapter, device: torch.device, calls: int, 
                 row["forward_launches"] = device_launches(forward)
                 row["both_launches"] = None if both is None else device_launches(both)
                 row["host_us"], row["host_x_trivial"] = paired_us(forward, trivial, calls, repeats, device, True)
+                if row["host_us"] is None:
+                    row["host_note"] = "not measured: the calls waited for the GPU (a host sync)"
                 row["kernel_us"], why = graph_us(forward)
                 if why:
                     row["kernel_note"] = why
@@ -293,7 +304,7 @@ def run(opts: argparse.Namespace) -> int:
                    forward_x_trivial=1.0, both_us=step_us, both_x_trivial=step_us / trivial_us,
                    both_x_trivial_step=1.0, forward_launches=device_launches(op) if cuda else None)
     if cuda:
-        trivial["host_us"] = paired_us(op, op, calls, repeats, device, True)[0]
+        trivial["host_us"], trivial["host_x_trivial"] = paired_us(op, op, calls, repeats, device, True)[0], 1.0
     rows: list[dict] = []
     for family in opts.families:
         family_rows = [{**trivial, "family": family}] + measure_family(adapters.load(family), device, calls, repeats,
@@ -301,7 +312,8 @@ def run(opts: argparse.Namespace) -> int:
         out = run_dir(opts.out, family, device)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "overhead.json", dict(environment=environment(device), calls=calls, repeats=repeats,
-                                               smoke_only=not cuda, targets_x_trivial=TARGETS, rows=family_rows))
+                                               smoke_only=not cuda, targets_x_trivial=TARGETS,
+                                               host_method=HOST_METHOD, rows=family_rows))
         rows += family_rows
     print_table(f"public calls against z.add(1) ({device.type}{'' if cuda else ': smoke check'})", rows, COLUMNS)
     return 0

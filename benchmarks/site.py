@@ -240,18 +240,22 @@ def overhead_page(results: Path) -> Optional[str]:
              "Forward+backward is also divided by the trivial op's own training step (`zg * 2` and its backward "
              "through `torch.autograd.grad`): autograd's engine alone costs several times `z.add(1)`. Kernel: "
              "the forward captured in a CUDA graph and replayed (no host work; `-` where the call cannot be "
-             "captured). Host: the forward's host time with the GPU held busy by a sleep kernel (the calls only "
-             "queue their work), against the trivial op's measured the same way; the wall time per call is about "
-             "the larger of kernel and host. Ratios: the median of per-repeat ratios, the trivial op timed right "
-             "before the call (the host's speed drifts within a run). Launches: CUDA kernels, copies and memsets per call "
+             "captured). Host (newer runs): the forward's host time with the GPU held busy by a sleep kernel (the "
+             "calls only queue their work; `-` for a call that waits for the GPU), against the trivial op's "
+             "measured the same way; the wall time per call is about the larger of kernel and host. Forward, "
+             "forward+backward per training step and host ratios (newer runs): the median of per-repeat ratios, "
+             "the trivial op timed right before the call (the host's speed drifts within a run). Launches: CUDA kernels, copies and memsets per call "
              "(`torch.profiler`). First call: the family's first forward+backward in the process, with an empty "
              "Triton cache (compilation included).", ""]
     for slug in sorted(by_device):
         runs = by_device[slug]
         env, targets = runs[0]["environment"], runs[0]["targets_x_trivial"]
         commits = ", ".join(dict.fromkeys(f"`{r['environment']['commit']}`" for r in runs))
+        host = ("the forward's host time with the GPU held busy" if all(r.get("host_method") == "gpu-busy" for r in runs)
+                else "forward - kernel (an older run: a host time shorter than the kernel hides under it)")
         lines += [f"## {env['device']['name']} ({env['device']['type']})", "", f"- **Commit**: {commits}",
                   f"- **Versions**: torch {env['versions']['torch']}, triton {env['versions']['triton']}",
+                  f"- **Host**: {host}",
                   f"- **Targets**: forward <= {targets['forward']}x the trivial op, forward+backward <= "
                   f"{targets['both']}x the trivial op's training step (a training step through autograd costs "
                   f"several times `z.add(1)` before any kernel runs)", "",

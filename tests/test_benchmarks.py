@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -335,7 +334,7 @@ def test_the_semicrf_gpu_checks_reach_the_apis_they_use():
 
 def test_gpu_session_refuses_to_run_without_the_commit_it_stamps():
     """Results and records are stamped with SENTINEL_COMMIT: without it the session stops at once (usage error)."""
-    env = {k: v for k, v in os.environ.items() if k != "SENTINEL_COMMIT"}
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "overhead"], capture_output=True,
-                          text=True, env={**env, "OUT": "/nonexistent"})
+    # no PATH: should the check ever be lost, the script finds no program to install or run anything with
+    done = subprocess.run(["/bin/bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "overhead"], capture_output=True,
+                          text=True, env={"PATH": "/nonexistent", "OUT": "/nonexistent"})
     assert done.returncode == 2 and "SENTINEL_COMMIT must name the commit" in done.stderr

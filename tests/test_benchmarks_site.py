@@ -136,12 +136,15 @@ def test_page_judges_the_adapters_targets(tmp_path, monkeypatch):
 
 def test_overhead_targets_name_a_kernel_bound_miss():
     """A forward that misses its target says so; where the kernel alone is above the target (no host path could meet
-    it), the miss is marked kernel-bound with the kernel's own ratio; the peers' rows are not judged."""
+    it), the miss is marked kernel-bound with the kernel's own ratio, else host-bound with the host part's ratio
+    where it was measured; the peers' rows are not judged."""
     targets = {"forward": 2.5, "both": 6.0}
     row = dict(ours=True, forward_us=30.0, forward_x_trivial=4.0, kernel_us=27.0, both_x_trivial_step=5.0)
     assert site._targets_met(row, targets) == (
         "fwd missed (kernel-bound: the kernel alone is 3.6x the trivial op), fwd+bwd met")
-    host_bound = dict(row, kernel_us=6.0)
-    assert site._targets_met(host_bound, targets) == "fwd missed, fwd+bwd met"
+    assert site._targets_met(dict(row, kernel_us=6.0), targets) == "fwd missed, fwd+bwd met"
+    host_bound = dict(row, kernel_us=6.0, host_x_trivial=3.2)
+    assert site._targets_met(host_bound, targets) == (
+        "fwd missed (host-bound: the host part is 3.2x the trivial op's), fwd+bwd met")
     assert site._targets_met(dict(row, forward_x_trivial=2.0, forward_us=15.0), targets) == "fwd met, fwd+bwd met"
     assert site._targets_met(dict(row, ours=False), targets) == "-"

@@ -399,9 +399,8 @@ def test_device_mode_kernels_poison_exactly_the_spoiled_sequences(name, where, b
 
 def test_repeated_launches_are_bitwise_equal_across_signatures():
     """The kernels launch through provable_kernels.launch (on a GPU: the compiled kernel, cached per argument
-    signature, from the second call of a signature on) into rings kept between calls (``triton_ops.ring_scratch``:
-    a new ring, a larger one, a smaller shape in the larger buffer): repeated and interleaved calls of different
-    shapes and both semirings give bitwise the first call's results, which match the oracle."""
+    signature, from the second call of a signature on): repeated and interleaved calls of different shapes, a
+    non-contiguous input and both semirings give bitwise the first call's results, which match the oracle."""
     first = make_case(B=2, T=4, K=2, C=3, variable=True, seed=11).to(torch.float32, DEVICE)
     second = make_case(B=3, T=17, K=3, C=2, trans3d=True, proj_start=True, seed=12).to(torch.float32, DEVICE)
     results = {}

@@ -38,7 +38,7 @@ lengths into 1..T.
 
 Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T):
 
-- ``partition``: rings, 2*(K+1)*C floats (O(K*C)), kept per stream between calls (:func:`ring_scratch`).
+- ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
 - ``train_forward``: while it runs, alpha at every position, (T+1)*(C+1) float64, and the rings (K+1)*C float64
   (twice with 3-D transitions);
   it returns the sequence's float64 gradients for grad_logZ = 1, (T+1)*C (+ 2*T*C with both projections) and the
@@ -149,11 +149,10 @@ class _Plan:
         return (self.cum, self.trans, self.dur, self.ps, self.pe, self.lengths)
 
     def rings(self) -> tuple[Tensor, Optional[Tensor]]:
-        """Scratch rings (B, K+1, C) for a forward launch (:func:`ring_scratch`): float64 entries, a-values
-        (3-D transitions only, else None)."""
-        shape, device = (self.B, self.ring_size, self.C), self.cum.device
-        ring_a = ring_scratch("a-values", shape, self.work_dtype, device) if self.trans_3d else None
-        return ring_scratch("entries", shape, torch.float64, device), ring_a
+        """Scratch rings (B, K+1, C): float64 entries, a-values (3-D transitions only, else None)."""
+        shape = (self.B, self.ring_size, self.C)
+        ring_a = self.new(*shape, dtype=self.work_dtype) if self.trans_3d else None
+        return self.new(*shape, dtype=torch.float64), ring_a
 
 
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -265,33 +264,6 @@ def _forward_launch(plan: _Plan, log: bool, chain: torch.dtype, backpointers: bo
         (plan.B,), plan.sizes(), plan.options(plan.warps, ("LOG", log), ("WRITE_BP", backpointers), ("CT", chain)))
 
 
-_RINGS: dict[tuple, tuple[Tensor, tuple, Tensor]] = {}  # (ring, dtype, device, stream) -> (buffer, shape, view)
-
-
-def ring_scratch(ring: str, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The ring ``ring`` ("entries" or "a-values"), (B, K+1, C) of ``dtype``, for one forward launch on ``device``:
-    a view of a buffer kept per (ring, dtype, device, current stream) between calls and grown when too small, the
-    view kept for the last shape, so that a repeat call costs a lookup instead of an allocation. The kernel writes
-    every ring entry before it reads it and kernels on one stream run one after another, so launches share the
-    buffer safely; while a CUDA graph is captured, a fresh ring (the graph's own). The buffers live as long as the
-    process."""
-    if device.type == "cuda":  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
-        if torch.cuda.is_current_stream_capturing():
-            return alloc.empty(shape, dtype=dtype, device=device)
-        key = ring, dtype, device, torch._C._cuda_getCurrentRawStream(device.index)
-    else:
-        key = ring, dtype, device, 0
-    found = _RINGS.get(key)
-    if found is not None and found[1] == shape:
-        return found[2]
-    need = math.prod(shape)
-    buffer = found[0] if found is not None and found[0].numel() >= need else alloc.empty((need,), dtype=dtype,
-                                                                                          device=device)
-    view = buffer[:need].view(shape)
-    _RINGS[key] = buffer, shape, view
-    return view
-
-
 def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None) -> Callable[..., Tensor]:
     """``run(cum, trans, dur, ps, pe, lengths) -> (B,)``: :func:`partition` for every call with ``plan``'s sizes,
     its launch made once (the direct runner of the inference routes, ``dispatch``); ``chain``: another chain dtype
@@ -303,8 +275,8 @@ def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None
     def run(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
             lengths: Tensor) -> Tensor:
         out = alloc.empty((B,), dtype=dtype, device=device)
-        ring = ring_scratch("entries", ring_shape, torch.float64, device)
-        ring_a = ring_scratch("a-values", ring_shape, work, device) if trans_3d else None
+        ring = alloc.empty(ring_shape, dtype=torch.float64, device=device)
+        ring_a = alloc.empty(ring_shape, dtype=work, device=device) if trans_3d else None
         launch(cum, trans, dur, ps, pe, lengths, out, ring, ring_a, None, None, None)
         return out
     return run
