@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU session, one device-tool call per phase (each under its 10-minute limit), `.whl` carried, SENTINEL_COMMIT=<sha>
-# (the commit the tree was sent from) set:
+# The GPU session, one device-tool call per phase (each under its 10-minute limit), `.whl` carried and
+# SENTINEL_COMMIT=<sha> (the commit the tree was sent from) set:
 #     bash benchmarks/gpu_session.sh verify     # sentinel verify --device cuda --record, one process per family
 #     bash benchmarks/gpu_session.sh sanitize   # the same under compute-sanitizer (--sanitize), recorded
 #     bash benchmarks/gpu_session.sh bench      # python -m benchmarks gpu: every family's default grid and analysis

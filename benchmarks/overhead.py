@@ -12,13 +12,13 @@ alone (its device thread, the graph) costs 8-14x ``z.add(1)`` on the lent H100 h
 meets 6x, and this ratio says what a call adds over the engine. ``forward_x_trivial``, ``both_x_trivial_step`` and
 ``host_x_trivial`` are medians of per-repeat ratios, the trivial op's loop timed right before the call's
 (:func:`paired_us`: the host's speed drifts within a run on a shared machine); ``both_x_trivial`` divides by the
-trivial op's time from the start of the run. ``kernel_us``: the forward captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``,
-median: no host work; None where the call cannot be captured, e.g. a host sync; the reason is recorded).
-``host_us``: the forward's host time, the GPU held busy by a sleep kernel so that the calls only queue work
-(``host_x_trivial`` against the trivial op's, measured the same way; None with a ``host_note`` for a call that
-waits for the GPU): the wall time per call is about the larger of the two, so a host time below the kernel's
-hides under it. The first call of each family (fresh Triton cache:
-compilation included) is ``first_call_s``.
+trivial op's time from the start of the run. ``kernel_us``: the forward captured in a CUDA graph and replayed
+(``triton.testing.do_bench_cudagraph``, median: no host work; None where the call cannot be captured, e.g. a host
+sync; the reason is recorded). ``host_us``: the forward's host time, the GPU held busy by a sleep kernel so that
+the calls only queue work (``host_x_trivial`` against the trivial op's, measured the same way; None with a
+``host_note`` for a call that waits for the GPU): the wall time per call is about the larger of the two, so a
+host time below the kernel's hides under it. The first call of each family (fresh Triton cache: compilation
+included) is ``first_call_s``.
 
 ``breakdown``: for every family, this project's first implementation at the adapter's anchors and its launch-bound
 overhead shape, forward and forward+backward: warm-up calls, the mean wall time per call (synchronised, ``REPS``
@@ -53,7 +53,8 @@ COLUMNS = [("family", "family", ""), ("config", "shape", ""), ("impl", "impl", "
            ("forward_us", "fwd us", ".1f"), ("forward_x_trivial", "fwd / trivial", ".2f"),
            ("both_us", "fwd+bwd us", ".1f"), ("both_x_trivial", "fwd+bwd / trivial", ".2f"),
            ("both_x_trivial_step", "fwd+bwd / trivial step", ".2f"),
-           ("kernel_us", "kernel us", ".1f"), ("host_us", "host us", ".1f"), ("host_x_trivial", "host / trivial", ".2f"),
+           ("kernel_us", "kernel us", ".1f"), ("host_us", "host us", ".1f"),
+           ("host_x_trivial", "host / trivial", ".2f"),
            ("forward_launches", "fwd launches", ""), ("both_launches", "fwd+bwd launches", "")]
 REPS = 20  # profiled calls per breakdown case
 
@@ -101,24 +102,35 @@ def _host_loop_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -
     return None if waited else host
 
 
-def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device) -> float:
+def _sync(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _loop(host: bool, calls: int) -> tuple[Callable[..., Optional[float]], int]:
+    """The loop to time and its calls: wall time, or with ``host`` the host time (at most ``HOST_CALLS`` calls)."""
+    return (_host_loop_us, min(calls, HOST_CALLS)) if host else (_loop_us, calls)
+
+
+def wall_us(fn: Callable[[], Any], calls: int, repeats: int, device: torch.device,
+            host: bool = False) -> Optional[float]:
     """Median over ``repeats`` loops of back-to-back calls (``calls``, or as many as fill ``LOOP_S``, at least 3)
-    of the wall time per call, in microseconds."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    of the wall time per call in microseconds, or with ``host`` of the host time with the GPU held busy
+    (:func:`_host_loop_us`, CUDA; None when a loop waited for the GPU)."""
+    sync = _sync(device)
+    loop, calls = _loop(host, calls)
     calls = _loop_calls(fn, calls, sync)
-    return statistics.median(_loop_us(fn, calls, sync) for _ in range(repeats))
+    times = [loop(fn, calls, sync) for _ in range(repeats)]
+    return None if None in times else statistics.median(times)
 
 
 def paired_us(fn: Callable[[], Any], baseline: Callable[[], Any], calls: int, repeats: int, device: torch.device,
               host: bool = False) -> tuple[Optional[float], Optional[float]]:
-    """(the median time per call of ``fn``, the median over the repeats of its ratio to ``baseline``'s): wall time
-    as :func:`wall_us` measures it, or with ``host`` the host time with the GPU held busy (:func:`_host_loop_us`,
-    CUDA; (None, None) when a loop waited for the GPU). Each repeat times a loop of ``baseline`` right before a
-    loop of ``fn``, so that the host's speed, which drifts within a run on a shared machine, cancels in the
-    ratio."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    loop = _host_loop_us if host else _loop_us
-    calls = min(calls, HOST_CALLS) if host else calls
+    """(the median time per call of ``fn`` as :func:`wall_us` measures it, the median over the repeats of its ratio
+    to ``baseline``'s; (None, None) when a host loop waited for the GPU). Each repeat times a loop of ``baseline``
+    right before a loop of ``fn``, so that the host's speed, which drifts within a run on a shared machine,
+    cancels in the ratio."""
+    sync = _sync(device)
+    loop, calls = _loop(host, calls)
     calls, base_calls = _loop_calls(fn, calls, sync), _loop_calls(baseline, calls, sync)
     times, ratios = [], []
     for _ in range(repeats):
@@ -304,7 +316,7 @@ def run(opts: argparse.Namespace) -> int:
                    forward_x_trivial=1.0, both_us=step_us, both_x_trivial=step_us / trivial_us,
                    both_x_trivial_step=1.0, forward_launches=device_launches(op) if cuda else None)
     if cuda:
-        trivial["host_us"], trivial["host_x_trivial"] = paired_us(op, op, calls, repeats, device, True)[0], 1.0
+        trivial["host_us"], trivial["host_x_trivial"] = wall_us(op, calls, repeats, device, host=True), 1.0
     rows: list[dict] = []
     for family in opts.families:
         family_rows = [{**trivial, "family": family}] + measure_family(adapters.load(family), device, calls, repeats,

@@ -202,7 +202,8 @@ def page(family: str, results: Path) -> tuple[str, dict[str, bytes]]:
 
 
 OVERHEAD_COLUMNS = (("forward_us", ".1f"), ("forward_x_trivial", ".2f"), ("both_us", ".1f"), ("both_x_trivial", ".2f"),
-                    ("both_x_trivial_step", ".2f"), ("kernel_us", ".1f"), ("host_us", ".1f"), ("host_x_trivial", ".2f"),
+                    ("both_x_trivial_step", ".2f"), ("kernel_us", ".1f"), ("host_us", ".1f"),
+                    ("host_x_trivial", ".2f"),
                     ("forward_launches", "d"), ("both_launches", "d"), ("first_call_s", ".2f"))
 
 
@@ -244,15 +245,16 @@ def overhead_page(results: Path) -> Optional[str]:
              "calls only queue their work; `-` for a call that waits for the GPU), against the trivial op's "
              "measured the same way; the wall time per call is about the larger of kernel and host. Forward, "
              "forward+backward per training step and host ratios (newer runs): the median of per-repeat ratios, "
-             "the trivial op timed right before the call (the host's speed drifts within a run). Launches: CUDA kernels, copies and memsets per call "
-             "(`torch.profiler`). First call: the family's first forward+backward in the process, with an empty "
-             "Triton cache (compilation included).", ""]
+             "the trivial op timed right before the call (the host's speed drifts within a run). Launches: CUDA "
+             "kernels, copies and memsets per call (`torch.profiler`). First call: the family's first "
+             "forward+backward in the process, with an empty Triton cache (compilation included).", ""]
     for slug in sorted(by_device):
         runs = by_device[slug]
         env, targets = runs[0]["environment"], runs[0]["targets_x_trivial"]
         commits = ", ".join(dict.fromkeys(f"`{r['environment']['commit']}`" for r in runs))
-        host = ("the forward's host time with the GPU held busy" if all(r.get("host_method") == "gpu-busy" for r in runs)
-                else "forward - kernel (an older run: a host time shorter than the kernel hides under it)")
+        gpu_busy = all(r.get("host_method") == "gpu-busy" for r in runs)
+        host = ("the forward's host time with the GPU held busy" if gpu_busy else
+                "forward - kernel (an older run: a host time shorter than the kernel hides under it)")
         lines += [f"## {env['device']['name']} ({env['device']['type']})", "", f"- **Commit**: {commits}",
                   f"- **Versions**: torch {env['versions']['torch']}, triton {env['versions']['triton']}",
                   f"- **Host**: {host}",
@@ -260,7 +262,8 @@ def overhead_page(results: Path) -> Optional[str]:
                   f"{targets['both']}x the trivial op's training step (a training step through autograd costs "
                   f"several times `z.add(1)` before any kernel runs)", "",
                   "| family | shape | implementation | forward us | / trivial | fwd+bwd us | / trivial | / trivial step | "
-                  "kernel us | host us | host / trivial | launches fwd | launches fwd+bwd | first call s | targets |",
+                  "kernel us | host us | host / trivial | launches fwd | launches fwd+bwd | first call s | "
+                  "targets |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in (row for run in runs for row in run["rows"]):
             cells = [row["family"], row["config"], row["impl"]] + [
