@@ -2,6 +2,7 @@
 conventions (ties, empty segments, NaN), bad inputs, and the peer defect of torch.segment_reduce."""
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -506,3 +507,21 @@ def test_batch_invariance(reduce, form):
             value, grad = reduced(before, after)
             assert torch.equal(value, alone[0]), (n, before, after)
             assert torch.equal(grad, alone[1]), (n, before, after)
+
+
+def test_flags_kept_from_before_the_epochs_wrap_are_dropped(monkeypatch):
+    """Epochs run 1 .. 2**31 - 1 and then wrap: a flag a slot kept since the first call equals the first epoch of
+    the next round, and a waiting program would take it for one published in this call; at the wrap the kept
+    workspaces are dropped, so the flags are fresh zeros."""
+    from provable_kernels.segment import triton_ops
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(triton_ops, "_SCRATCH", {})
+    monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count())
+    _, flags, epoch = triton_ops.scratch(cpu, 64, 8)
+    assert epoch == 1
+    flags.fill_(epoch)  # every slot published in the first call, never written again
+    monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count(triton_ops.EPOCH_LIMIT - 1))  # 2**31 - 2 calls later
+    assert triton_ops.scratch(cpu, 64, 8)[2] == triton_ops.EPOCH_LIMIT
+    _, flags, epoch = triton_ops.scratch(cpu, 64, 8)
+    assert epoch == 1 and not bool((flags == epoch).any())

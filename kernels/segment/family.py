@@ -8,6 +8,7 @@ Outputs of a route, by name: ``segment_reduce`` routes give ``value`` (S, ...) a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -18,7 +19,16 @@ from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
 from provable_kernels.segment.triton_segment import FAN, segment_chunk_kernel
 
-ENTRY_POINTS = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward)}
+
+def across_the_epochs_wrap(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``segment_reduce`` as the call after 2**31 - 1 others in one process: the epochs (int32, never 0) wrap to 1
+    there, and flags kept from earlier calls must not pass for this call's."""
+    triton_ops._EPOCHS = itertools.count(2**31 - 1)
+    return segment_reduce(*args, **kwargs)
+
+
+ENTRY_POINTS = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward,
+                                        across_the_epochs_wrap)}
 ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12),
               torch.bfloat16: (2e-2, 1e-2),  # output rounding: 2**-8 relative
@@ -357,7 +367,10 @@ ADVERSARIAL = (
     (f"N = 1 (mod {FAN.value}) rows in the ids form: searches over a window of {FAN.value} k + 1 ids",
      {"problem": _rows_one_past_fan}, "reference", {"routes": ("segment.triton.*.train.ids",)}),
     ("ids without num_segments (S read from ids[-1])", lambda c: c.without("no num_segments", "num_segments"),
-     "reference", {"routes": ("segment.triton.*.infer.one_block", "segment.triton.*.train.ids")}))
+     "reference", {"routes": ("segment.triton.*.infer.one_block", "segment.triton.*.train.ids")}),
+    ("the call at the epochs' wrap, after 2**31 - 1 others (long segments: their flags)",
+     lambda c: dataclasses.replace(c, entry=across_the_epochs_wrap.__name__), "reference",
+     {"routes": ("segment.triton.*.infer.blocked", "segment.triton.*.train.*")}))
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -390,6 +403,7 @@ BAD_INPUTS = (
     ("offsets", "decreasing", _index_changed("offsets", _decreasing)),
     ("offsets", "empty", _index_changed("offsets", lambda o: o[:0])),
     ("offsets", "not starting at 0", _index_changed("offsets", lambda o: o + 1)),
+    ("offsets", "a negative first entry", _index_changed("offsets", lambda o: torch.cat([o[:1] - 1, o[1:]]))),
     ("offsets", "not ending at N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] + 1]))),
     ("offsets", "float dtype", _index_changed("offsets", lambda o: o.double())),
     ("offsets", "on another device", _index_changed("offsets", lambda o: o.to("meta"))),

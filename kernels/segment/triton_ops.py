@@ -134,10 +134,13 @@ def scratch(device: torch.device, words: int, flag_words: int) -> tuple[Tensor, 
     """``(workspace, flags, epoch)`` for one forward launch on ``device``: an int32 workspace of at least ``words``
     and int32 flags of at least ``flag_words``, kept per (device, current stream) between calls and grown when too
     small (the flags zeroed then), and this call's epoch (1 .. 2**31 - 1, never 0: a flag equal to it was written
-    in this call; ``triton_segment`` module doc). Kernels on one stream run one after another, so they share a
-    workspace safely; each stream has its own. While a CUDA graph is captured, fresh zeroed buffers (the graph's
-    own, zeroed at every replay)."""
+    in this call; ``triton_segment`` module doc). When the epochs wrap, every kept buffer is dropped: a flag a slot
+    kept from 2**31 - 1 calls ago would equal the new epochs. Kernels on one stream run one after another, so they
+    share a workspace safely; each stream has its own. While a CUDA graph is captured, fresh zeroed buffers (the
+    graph's own, zeroed at every replay)."""
     epoch = next(_EPOCHS) % EPOCH_LIMIT + 1
+    if epoch == 1:  # the first call, or a wrap: no kept flag may hold an epoch this round of calls will use
+        _SCRATCH.clear()
     if device.type == "cuda":  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
         if torch.cuda.is_current_stream_capturing():
             return (alloc.empty((max(words, 1),), dtype=torch.int32, device=device),

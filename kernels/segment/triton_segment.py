@@ -26,7 +26,8 @@ a batch):
   reads the flags with acquire semantics, so it reads the partials after they were written. Every long program
   publishes whether or not it found a long segment, so a wait always ends (after the earlier programs: the slots
   waited on belong to lower program ids, which a GPU starts first). The flags persist between calls (zeros when
-  allocated: ``triton_ops.scratch``), and a flag equal to the epoch is one written in this call. The partials
+  allocated, and allocated again when the epochs wrap: ``triton_ops.scratch``), and a flag equal to the epoch is
+  one written in this call. The partials
   workspace is one int32 buffer: the partial values (slots, D) in ACC, the partial args (slots, D) for max / min,
   the slots' tags (slots, column blocks) (:func:`_workspace`).
 
