@@ -168,13 +168,13 @@ class Bound:
         if not self.kernels:  # the first launch (CUDA initialised, or the launcher's error when it cannot be)
             return self._first(tensors)
         device = torch._C._cuda_getDevice()  # what torch.cuda.current_device() returns once CUDA is initialised
-        key = device, _alignments(tensors)
-        found = self.kernels.get(key)
+        pointers, aligned = _pointers(tensors)
+        found = self.kernels.get((device, aligned))
         if found is None or _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
             return self._first(tensors)
         compiled, constexprs = found
         compiled.run(*self.grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *tensors, *self.tail, *constexprs)
+                     compiled.packed_metadata, None, None, None, *pointers, *self.tail, *constexprs)
         return None
 
     # verify: unreached (compiled kernels only: CUDA; the GPU records, tests/test_launch.py)
@@ -183,13 +183,25 @@ class Bound:
         kernel for the current device and the tensors' alignments."""
         args = (*tensors, *self.tail)
         self.launcher.launch(self.grid, args, self.opts)
-        key = torch.cuda.current_device(), _alignments(tensors)
+        key = torch.cuda.current_device(), _pointers(tensors)[1]
         self.kernels[key] = self.launcher.cache[_key(args, self.opts)]
 
 
-def _alignments(tensors: tuple) -> tuple:  # verify: unreached (compiled kernels only: CUDA; tests/test_launch.py)
-    """Whether each tensor of a :class:`Bound` launch is 16-byte aligned (True for None and ints)."""
-    return tuple([type(t) is int or t is None or t.data_ptr() % 16 == 0 for t in tensors])
+def _pointers(tensors: tuple) -> tuple[list, tuple]:  # verify: unreached (compiled kernels only: CUDA; tests)
+    """The arguments of a :class:`Bound` launch with each tensor replaced by its data pointer (Triton's launcher
+    takes an int as the address itself, without calling ``data_ptr`` and asking the driver about it again: the call's
+    validation put every tensor on the launch's device), and whether each is 16-byte aligned (True for None and
+    ints)."""
+    pointers, aligned = [], []
+    for t in tensors:
+        if t is None or type(t) is int:
+            pointers.append(t)
+            aligned.append(True)
+        else:
+            pointer = t.data_ptr()
+            pointers.append(pointer)
+            aligned.append(pointer % 16 == 0)
+    return pointers, tuple(aligned)
 
 
 def _active(hook: Any) -> bool:

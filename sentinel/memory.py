@@ -17,14 +17,19 @@ the arguments (an error is allowed). :func:`watching` does two things to every l
   pointers and tensor descriptors all end, on Triton 3.6 to 3.8) is checked before it runs: each lane whose mask
   is on must access, whole, memory inside one tensor argument of the launch (its first to its last element).
   A lane outside is reported (kernel, program id, access, which argument it is nearest to and how far past it)
-  and masked off, so the run goes on without touching that memory.
+  and masked off, so the run goes on without touching that memory;
+- **one writer per element**: within a launch, no two programs may ``store`` to the same address (atomics are
+  made for that and are exempt). On a GPU the programs run concurrently, so two plain stores to one element are a
+  write race whatever the values, even where the interpreter, running the programs one after another, happens to
+  leave the right result.
 
 It fails loudly rather than pass silently when the interpreter's internals change: when the interpreter module
 lacks those functions, when a launch makes no checked access at all (its memory accesses went another way), when
 an access happens outside a launch of the launcher, and when a guard changed (a store that escaped the address
 check).
 
-What it cannot see: accesses of masked-off lanes (the GPU does not make them either); an address inside another
+What it cannot see: stores of two programs to overlapping but not identical addresses (elements of different sizes),
+accesses of masked-off lanes (the GPU does not make them either); an address inside another
 tensor argument (the guards make that need an access more than a storage's length away from its own argument);
 an address inside an argument's span but between the elements of a strided view (the ``layouts`` check poisons
 those gaps); accesses made by PyTorch operations (bounds-checked by PyTorch). On CUDA the kernels run compiled,
@@ -75,6 +80,7 @@ class _Launch:
     kernel: str
     spans: list[_Span]
     accesses: int = 0
+    stores: list[tuple[numpy.ndarray, tuple]] = field(default_factory=list)  # addresses stored, by which program
 
     def __post_init__(self) -> None:
         merged: list[list[int]] = []  # overlapping spans (views of one storage) joined
@@ -92,6 +98,26 @@ class _Launch:
         inside = index >= 0
         ends = self.ends[numpy.maximum(index, 0)] if len(self.ends) else numpy.zeros_like(addresses)
         return ~(inside & (addresses + numpy.uint64(size) <= ends))
+
+    def shared_stores(self) -> list[str]:
+        """The problem of elements stored by two programs of this launch (one writer per element), if any."""
+        if not self.stores:
+            return []
+        programs = sorted({program for _, program in self.stores})
+        number = {program: i for i, program in enumerate(programs)}
+        addresses = numpy.concatenate([a for a, _ in self.stores])
+        writers = numpy.concatenate([numpy.full(a.shape, number[p], dtype=numpy.int64) for a, p in self.stores])
+        order = numpy.lexsort((writers, addresses))
+        addresses, writers = addresses[order], writers[order]
+        clash = (addresses[1:] == addresses[:-1]) & (writers[1:] != writers[:-1])
+        if not clash.any():
+            return []
+        first = int(numpy.argmax(clash))
+        shared = numpy.unique(addresses[1:][clash]).size
+        span = next(s for s in self.spans if s.start <= int(addresses[first]) < s.end)
+        return [f"{self.kernel}: {shared} elements stored by more than one program (a write race on a GPU); the "
+                f"first, byte {int(addresses[first]) - span.start} of argument {span.name} ({span.what}), by programs "
+                f"{programs[writers[first]]} and {programs[writers[first + 1]]}"]
 
     def nearest(self, address: int, size: int) -> str:
         """Where ``address`` lies relative to the nearest argument, in bytes and elements of ``size`` bytes."""
@@ -132,6 +158,8 @@ class Watch:
         on = numpy.ones(pointers.shape, dtype=bool) if mask is None else numpy.broadcast_to(mask, pointers.shape)
         bad = numpy.zeros(pointers.shape, dtype=bool)
         bad[on] = launch.outside(pointers[on].astype(numpy.uint64), size)
+        if kind == "store":
+            launch.stores.append((pointers[on & ~bad].astype(numpy.uint64), _program_index()))
         if not bad.any():
             return mask
         first = int(pointers[bad].flat[0])
@@ -143,12 +171,18 @@ class Watch:
 _WATCH: Optional[Watch] = None
 
 
-def _program() -> str:
-    """`` program (x, y, z)`` of the interpreter's current program, when it says."""
+def _program_index() -> Optional[tuple]:
+    """``(x, y, z)`` of the interpreter's current program, None when it does not say."""
     from triton.runtime import interpreter
 
     index = getattr(getattr(interpreter, "interpreter_builder", None), "grid_idx", None)
-    return f" program {tuple(int(i) for i in index)}" if index is not None else ""
+    return None if index is None else tuple(int(i) for i in index)
+
+
+def _program() -> str:
+    """`` program (x, y, z)`` of the interpreter's current program, when it says."""
+    index = _program_index()
+    return f" program {index}" if index is not None else ""
 
 
 class _CheckedInterpreter:
@@ -287,6 +321,11 @@ def _checked_launch(original: Any) -> Any:
             watch.accesses += launch_state.accesses
             for key, zone in zones.items():
                 watch.problems += [f"{self.kernel.__name__}: {p}" for p in zone.finish(", ".join(users[key]))]
+            if any(program is None for _, program in launch_state.stores):
+                watch.problems.append(f"{self.kernel.__name__}: the Triton interpreter did not say which program "
+                                      f"stored (its internals changed): one writer per element cannot be checked")
+            else:
+                watch.problems += launch_state.shared_stores()
         if launch_state.accesses == 0:
             watch.problems.append(f"{self.kernel.__name__}: the launch made no checked load or store (the Triton "
                                   f"interpreter reaches memory another way: its internals changed)")
@@ -354,4 +393,4 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device,
     return Verdict(tuple(problems), f"{watch.accesses} loads and stores in {watch.launches} launches "
                                     f"({', '.join(sorted(watch.kernels))}) over {len(cases)} cases in host and "
                                     f"device mode and {len(bad)} bad inputs in device mode checked: every lane "
-                                    f"inside its arguments, redzones intact")
+                                    f"inside its arguments, one program storing to each element, redzones intact")

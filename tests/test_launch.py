@@ -114,7 +114,8 @@ def test_relaunch_calls_the_compiled_launcher_directly_unless_hooked(monkeypatch
 
 def test_a_bound_launch_relaunches_by_alignment_and_device_alone(monkeypatch):
     """``Launcher.bind`` fixes the grid, the trailing arguments and the options: the first launch of a (device,
-    alignment) compiles through ``Launcher.launch``, later ones run the same compiled kernel with every parameter;
+    alignment) compiles through ``Launcher.launch``, later ones run the same compiled kernel with every parameter
+(tensors as their data pointers);
     another alignment or device is another key; profiler hooks send it through the launcher again."""
     device = [0]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
@@ -129,7 +130,9 @@ def test_a_bound_launch_relaunches_by_alignment_and_device_alone(monkeypatch):
     bound(aligned)  # compiles
     first, _ = runner.cache[(0, ((torch.float32, True), launch._spec(7)), launch.options(CP=4))]
     bound(other)  # same key: run directly
-    assert len(first.ran) == 1 and first.ran[0][:4] == (3, 1, 1, 1000) and first.ran[0][-3:] == (other, 7, 4)
+    # the tensor reaches Triton's launcher as its data pointer
+    assert len(first.ran) == 1 and first.ran[0][:4] == (3, 1, 1, 1000)
+    assert first.ran[0][-3:] == (other.data_ptr(), 7, 4)
     bound(aligned[1:])  # misaligned: another specialization
     device[0] = 1
     bound(aligned)  # another device

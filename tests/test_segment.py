@@ -513,10 +513,11 @@ def test_flags_kept_from_before_the_epochs_wrap_are_dropped(monkeypatch):
     """Epochs run 1 .. 2**31 - 1 and then wrap: a flag a slot kept since the first call equals the first epoch of
     the next round, and a waiting program would take it for one published in this call; at the wrap the kept
     workspaces are dropped, so the flags are fresh zeros."""
+    from provable_kernels import alloc
     from provable_kernels.segment import triton_ops
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(triton_ops, "_SCRATCH", {})
+    monkeypatch.setattr(alloc, "_KEPT", {})
     monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count())
     _, flags, epoch = triton_ops.scratch(cpu, 64, 8)
     assert epoch == 1

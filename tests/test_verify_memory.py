@@ -107,6 +107,31 @@ def test_a_changed_guard_is_a_problem():
     assert problem.startswith("1 guard bytes around argument x changed, the first 3 bytes past the storage")
 
 
+@triton.jit
+def last_kernel(src_ptr, dst_ptr, n, SHARED: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p writes dst[p] = src[p]; with SHARED every program also writes dst[n - 1] = src[n - 1] (the same
+    value, so the interpreter's result is right: only the second writer shows)."""
+    p = tl.program_id(0)
+    tl.store(dst_ptr + p, tl.load(src_ptr + p))
+    i = tl.arange(0, BLOCK)
+    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i == n - 1), mask=(i == n - 1) & SHARED)
+
+
+def test_an_element_stored_by_two_programs_is_a_race():
+    src = torch.arange(4.0)
+    for shared in (False, True):
+        dst = torch.zeros(4)
+        with memory.watching() as watch:
+            launch.launcher(last_kernel)[(3,)](src, dst, 4, SHARED=shared, BLOCK=4)
+        assert torch.equal(dst, src if shared else torch.tensor([0.0, 1, 2, 0]))
+        if not shared:
+            assert watch.problems == []
+            continue
+        (problem,) = watch.problems
+        assert problem == ("last_kernel: 1 elements stored by more than one program (a write race on a GPU); the "
+                           "first, byte 12 of argument dst_ptr ((4,) float32), by programs (0, 0, 0) and (1, 0, 0)")
+
+
 def test_views_of_one_storage_share_one_copy():
     """Two arguments on one storage (an in-place kernel) see each other's writes, as without the check."""
     buf = torch.arange(10.0)
@@ -139,6 +164,21 @@ PLANTED = {
 }
 
 
+# (family, file, pattern, old, new, routes): two programs storing to one element, each must fail ``memory``
+PLANTED_RACES = {
+    "segment writes every segment's start into the offsets, not only segment 0's (sorted ids: each start is also "
+    "the previous segment's end, which another program writes)": (
+        "segment", "kernels/segment/triton_segment.py",
+        r"tl\.store\(offsets_ptr \+ sg, ag, mask=writes & \(sg == 0\)\)",
+        "mask=writes & (sg == 0)", "mask=writes", ["segment.triton.sum.train.ids"]),
+    "segment's last-chunk test clamps a found id to S + 1 (unsorted ids: a segment written by its short and its "
+    "long program)": (
+        "segment", "kernels/segment/triton_segment.py",
+        r"found = tl\.minimum\(tl\.maximum\(found, 0\), tl\.maximum\(S - 1, 0\)\)", "S - 1", "S + 1",
+        ["segment.triton.sum.train.ids"]),
+}
+
+
 @pytest.fixture(scope="module")
 def scratch():
     copy = mutate.Scratch(REPO_ROOT)
@@ -161,3 +201,13 @@ def test_planted_out_of_bounds_access_fails_memory(scratch, name):
     assert code == 1, last
     assert re.match(rf"{re.escape(routes[0])} \w+ memory: \w+ program \(\d+, \d+, \d+\): (load|store) of \d+ bytes, "
                     r"\d+ lanes outside every tensor argument", last), last
+
+
+@pytest.mark.parametrize("name", list(PLANTED_RACES))
+def test_planted_write_race_fails_memory(scratch, name):
+    family, file, pattern, old, new, routes = PLANTED_RACES[name]
+    with scratch.planted(file, pattern, old, new):
+        code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["memory"])
+    assert code == 1, last
+    assert re.match(rf"{re.escape(routes[0])} \w+ memory: \w+: \d+ elements stored by more than one program",
+                    last), last

@@ -391,6 +391,27 @@ def _decreasing(o: torch.Tensor) -> torch.Tensor:
     return o
 
 
+def _last_alone_past(case: Any) -> Any:
+    """The ids form of ``case`` with its last row's id num_segments (one past the last segment)."""
+    S = len(case.problem.lengths)
+    return _index_changed("ids", lambda i: torch.cat([i[:-1], i.new_full((1,), S)]))(case)
+
+
+def _strays_in_last(case: Any) -> Any:
+    """The ids form of ``case`` with num_segments as the id of some rows inside its last segment, which the
+    segments' bounds (searched as if the ids were sorted) do not see: its second to last row, and every row that
+    ends a tile of short rows (where a long segment's last chunk looks up whose it is)."""
+    S, N = len(case.problem.lengths), sum(case.problem.lengths)
+    first = N - case.problem.lengths[-1]  # the last segment: rows first .. N - 1
+
+    def stray(ids: torch.Tensor) -> torch.Tensor:
+        short = triton_ops.short_rows(ids.device)
+        rows = [r for r in range(first + 1, N) if (r + 1) % short == 0 or r == N - 2]
+        return ids.index_fill(0, torch.tensor(rows, device=ids.device), S)
+
+    return _index_changed("ids", stray)(case)
+
+
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = dict(tensors=("x",))
 BAD_INPUTS = (
@@ -410,8 +431,8 @@ BAD_INPUTS = (
     ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0))),
     ("ids", "out of range", _index_changed("ids", lambda i: i + 10)),
     ("ids", "negative", _index_changed("ids", lambda i: i - 1)),
-    ("ids", "the last alone at num_segments", lambda c: _index_changed(
-        "ids", lambda i: torch.cat([i[:-1], i.new_full((1,), len(c.problem.lengths))]))(c)),
+    ("ids", "the last alone at num_segments", _last_alone_past),
+    ("ids", "num_segments at rows inside the last segment", _strays_in_last),
     ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
     ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),

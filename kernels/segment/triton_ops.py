@@ -125,35 +125,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a JIT function: a call from Python costs microseconds
 
 
-_SCRATCH: dict[tuple, tuple[Tensor, Tensor]] = {}
 _EPOCHS = itertools.count()
 EPOCH_LIMIT = 2**31 - 1
 
 
 def scratch(device: torch.device, words: int, flag_words: int) -> tuple[Tensor, Tensor, int]:
     """``(workspace, flags, epoch)`` for one forward launch on ``device``: an int32 workspace of at least ``words``
-    and int32 flags of at least ``flag_words``, kept per (device, current stream) between calls and grown when too
-    small (the flags zeroed then), and this call's epoch (1 .. 2**31 - 1, never 0: a flag equal to it was written
-    in this call; ``triton_segment`` module doc). When the epochs wrap, every kept buffer is dropped: a flag a slot
-    kept from 2**31 - 1 calls ago would equal the new epochs. Kernels on one stream run one after another, so they
-    share a workspace safely; each stream has its own. While a CUDA graph is captured, fresh zeroed buffers (the
-    graph's own, zeroed at every replay)."""
+    (scratch) and int32 flags of at least ``flag_words`` (state, zeros when new), both :func:`provable_kernels.alloc
+    .workspace` buffers kept per (device, current stream), and this call's epoch (1 .. 2**31 - 1, never 0: a flag
+    equal to it was written in this call; ``triton_segment`` module doc). When the epochs wrap, the kept flags are
+    dropped: a flag a slot kept from 2**31 - 1 calls ago would equal the new epochs."""
     epoch = next(_EPOCHS) % EPOCH_LIMIT + 1
     if epoch == 1:  # the first call, or a wrap: no kept flag may hold an epoch this round of calls will use
-        _SCRATCH.clear()
-    if device.type == "cuda":  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
-        if torch.cuda.is_current_stream_capturing():
-            return (alloc.empty((max(words, 1),), dtype=torch.int32, device=device),
-                    torch.zeros((max(flag_words, 1),), dtype=torch.int32, device=device), epoch)
-        key = device, torch._C._cuda_getCurrentRawStream(device.index)
-    else:
-        key = device, 0
-    found = _SCRATCH.get(key)
-    if found is None or found[0].numel() < words or found[1].numel() < flag_words:
-        held = (0, 0) if found is None else (found[0].numel(), found[1].numel())
-        found = _SCRATCH[key] = (alloc.empty((max(words, held[0], 1),), dtype=torch.int32, device=device),
-                                 torch.zeros((max(flag_words, held[1], 1),), dtype=torch.int32, device=device))
-    return found[0], found[1], epoch
+        alloc.drop_workspaces("segment.flags")
+    return (alloc.workspace(words, dtype=torch.int32, device=device, name="segment.partials"),
+            alloc.workspace(flag_words, dtype=torch.int32, device=device, name="segment.flags", zeroed=True), epoch)
 
 
 class ForwardPlan:

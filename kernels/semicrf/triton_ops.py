@@ -270,13 +270,13 @@ def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None
     than the inference route's (the benchmarks time the float64 chain)."""
     launch = _forward_launch(plan, log, chain or plan.work_dtype, False)
     B, dtype, device, work = plan.B, plan.cum.dtype, plan.cum.device, plan.work_dtype
-    ring_shape, trans_3d = (plan.B, plan.ring_size, plan.C), plan.trans_3d
+    ring_numel, trans_3d = plan.B * plan.ring_size * plan.C, plan.trans_3d  # rings (B, KR, C): kept workspaces
 
     def run(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
             lengths: Tensor) -> Tensor:
         out = alloc.empty((B,), dtype=dtype, device=device)
-        ring = alloc.empty(ring_shape, dtype=torch.float64, device=device)
-        ring_a = alloc.empty(ring_shape, dtype=work, device=device) if trans_3d else None
+        ring = alloc.workspace(ring_numel, dtype=torch.float64, device=device, name="semicrf.ring")
+        ring_a = alloc.workspace(ring_numel, dtype=work, device=device, name="semicrf.ring_a") if trans_3d else None
         launch(cum, trans, dur, ps, pe, lengths, out, ring, ring_a, None, None, None)
         return out
     return run
@@ -307,6 +307,7 @@ def training_runner(plan: _Plan) -> Training:
     has_ps, has_pe, trans_3d, K_requested = plan.ps is not None, plan.pe is not None, plan.trans_3d, plan.K_requested
     W = layout.saved[1][0][1]  # the per-sequence sums' width
     scales: dict[int, Bound] = {}  # by grad_logZ's stride (0: the expanded gradient of logZ.sum())
+    scratch: list = [None, None]  # the training workspace last used and its views
 
     def forward(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
                 lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -314,8 +315,10 @@ def training_runner(plan: _Plan) -> Training:
         g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
         g_ps = proj.pop(0) if has_ps else None
         g_pe = proj.pop(0) if has_pe else None
-        alpha_a, alpha_A, ring, *ring_a = _views(alloc.empty((layout.scratch_numel,), dtype=torch.float64,
-                                                             device=device), layout.scratch)  # FT = float64 here
+        buffer = alloc.workspace(layout.scratch_numel, dtype=torch.float64, device=device, name="semicrf.training")
+        if scratch[0] is not buffer:  # FT = float64 here; the views are made again only for a new buffer
+            scratch[:] = buffer, _views(buffer, layout.scratch)
+        alpha_a, alpha_A, ring, *ring_a = scratch[1]
         logZ = alloc.empty((B,), dtype=dtype, device=device)
         train(cum, trans, dur, ps, pe, lengths, logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum,
               g_ps, g_pe, g_dur, parts)
