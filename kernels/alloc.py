@@ -4,7 +4,7 @@ Kernels allocate with :func:`empty` (never ``torch.empty`` directly), so that a 
 :func:`poisoned`: inside it, float allocations are filled with NaN and integer ones with :data:`POISON_INT`
 instead of left uninitialised, and a kernel that forgets to write an element produces a visible wrong result
 instead of whatever the allocator handed back. Workspaces that a launch writes before it reads are kept between
-calls (:func:`workspace`: no allocation per call) and poisoned afresh inside :func:`poisoned` like every other
+calls (:class:`Workspaces`: no allocation per call) and poisoned afresh inside :func:`poisoned` like every other
 allocation. Where NaN is itself a correct output (a bad input in device
 mode), a second, finite poison (``poisoned(alternate=True)``) tells an unwritten element from a written NaN: two
 runs under the two poisons give the same bits exactly when every element is written.
@@ -50,34 +50,51 @@ def empty_like(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Te
 _KEPT: dict[tuple, torch.Tensor] = {}
 
 
-def workspace(numel: int, *, dtype: torch.dtype, device: torch.device, name: str,
-              zeroed: bool = False) -> torch.Tensor:
-    """A 1-D buffer of at least ``numel`` elements (at least 1) for one launch, kept per (``name``, dtype, device,
-    current stream) between calls and replaced by a larger one when too small. Kernels on one stream run one after
-    another, so the calls on a stream share it; each stream has its own. Without ``zeroed`` it is scratch, which
-    every launch writes before it reads: uninitialised, and inside :func:`poisoned` a fresh poisoned allocation at
-    every call (a read before a write shows). With ``zeroed`` it is state that carries from call to call (zeros when
-    new), never poisoned. While a CUDA graph is captured: a fresh buffer (the graph's own, zeroed at every replay
-    with ``zeroed``)."""
-    size = max(numel, 1)
-    stream = 0
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros((size,), dtype=dtype, device=device) if zeroed else empty((size,), dtype=dtype,
-                                                                                         device=device)
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
-    if not zeroed and _POISON.get() is not None:
-        return empty((size,), dtype=dtype, device=device)
-    key = name, dtype, device, stream
-    found = _KEPT.get(key)
-    if found is None or found.numel() < size:
-        found = _KEPT[key] = (torch.zeros if zeroed else torch.empty)((size,), dtype=dtype, device=device)
-    return found
+class Workspaces:
+    """The buffers one launch uses besides its outputs, made once per launch configuration:
+    ``Workspaces(device, (name, numel, dtype, zeroed), ...)()`` returns one 1-D buffer of at least ``numel``
+    elements (at least 1) per need, in order. Each is kept per (``name``, dtype, device, current stream) between
+    calls and replaced by a larger one when too small. Kernels on one stream run one after another, so the calls on
+    a stream share it; each stream has its own. Without ``zeroed`` a buffer is scratch, which every launch writes
+    before it reads: uninitialised, and inside :func:`poisoned` a fresh poisoned allocation at every call (a read
+    before a write shows). With ``zeroed`` it is state that carries from call to call (zeros when new), never
+    poisoned. While a CUDA graph is captured: fresh buffers (the graph's own, zeroed at every replay with
+    ``zeroed``)."""
+
+    __slots__ = ("device", "cuda", "needs")
+
+    def __init__(self, device: torch.device, *needs: tuple[str, int, torch.dtype, bool]):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.needs = tuple((max(numel, 1), dtype, (name, dtype, device), zeroed)
+                           for name, numel, dtype, zeroed in needs)
+
+    def __call__(self) -> list[torch.Tensor]:
+        stream = 0
+        if self.cuda:
+            if torch._C._cuda_isCurrentStreamCapturing():
+                return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed in self.needs]
+            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+        poisoning = _POISON.get() is not None
+        buffers = []
+        for size, dtype, key, zeroed in self.needs:
+            if poisoning and not zeroed:
+                buffers.append(empty((size,), dtype=dtype, device=self.device))
+                continue
+            found = _KEPT.get((key, stream))
+            if found is None or found.numel() < size:
+                found = _KEPT[key, stream] = self._new(size, dtype, zeroed)
+            buffers.append(found)
+        return buffers
+
+    def _new(self, size: int, dtype: torch.dtype, zeroed: bool) -> torch.Tensor:
+        if zeroed:
+            return torch.zeros((size,), dtype=dtype, device=self.device)
+        return empty((size,), dtype=dtype, device=self.device)
 
 
 def drop_workspaces(name: str) -> None:
-    """Forget every kept :func:`workspace` of ``name`` (the next call gets a new one)."""
-    for key in [key for key in _KEPT if key[0] == name]:
+    """Forget every kept :class:`Workspaces` buffer of ``name`` (the next call gets a new one)."""
+    for key in [key for key in _KEPT if key[0][0] == name]:
         del _KEPT[key]
 
 

@@ -199,31 +199,36 @@ def test_semicrf_direct_runners_are_bitwise_the_full_path_and_decline_what_they_
 
 
 def test_a_workspace_is_kept_per_name_and_grown_scratch_is_poisoned_afresh_state_is_not(monkeypatch):
-    """``alloc.workspace``: one buffer per (name, dtype, device, stream), kept while large enough and replaced by a
-    larger one; inside ``alloc.poisoned`` scratch is a fresh poisoned buffer at every call (a kernel that read it
+    """``alloc.Workspaces``: one buffer per (name, dtype, device, stream), kept while large enough and replaced by
+    a larger one; inside ``alloc.poisoned`` scratch is a fresh poisoned buffer at every call (a kernel that read it
     before writing it would see NaN, not the last call's values), while state (``zeroed``) stays the kept buffer."""
     from provable_kernels import alloc
 
     monkeypatch.setattr(alloc, "_KEPT", {})
     cpu = torch.device("cpu")
-    first = alloc.workspace(10, dtype=torch.float32, device=cpu, name="a")
-    assert first.shape == (10,) and alloc.workspace(4, dtype=torch.float32, device=cpu, name="a") is first
-    assert alloc.workspace(4, dtype=torch.float64, device=cpu, name="a") is not first  # another dtype
-    assert alloc.workspace(4, dtype=torch.float32, device=cpu, name="b") is not first  # another name
-    grown = alloc.workspace(11, dtype=torch.float32, device=cpu, name="a")
-    assert grown.shape == (11,) and alloc.workspace(10, dtype=torch.float32, device=cpu, name="a") is grown
-    assert alloc.workspace(0, dtype=torch.int32, device=cpu, name="a").shape == (1,)
-    state = alloc.workspace(3, dtype=torch.int32, device=cpu, name="flags", zeroed=True)
-    assert torch.equal(state, torch.zeros(3, dtype=torch.int32))
+
+    def one(name: str, numel: int, dtype: torch.dtype = torch.float32, zeroed: bool = False) -> torch.Tensor:
+        (buffer,) = alloc.Workspaces(cpu, (name, numel, dtype, zeroed))()
+        return buffer
+
+    first = one("a", 10)
+    assert first.shape == (10,) and one("a", 4) is first
+    assert one("a", 4, torch.float64) is not first and one("b", 4) is not first  # another dtype, another name
+    grown = one("a", 11)
+    assert grown.shape == (11,) and one("a", 10) is grown
+    assert one("a", 0, torch.int32).shape == (1,)
+    pair = alloc.Workspaces(cpu, ("a", 3, torch.float32, False), ("flags", 3, torch.int32, True))
+    scratch, state = pair()
+    assert scratch is grown and torch.equal(state, torch.zeros(3, dtype=torch.int32))
     state.fill_(5)
     grown.fill_(1.0)
     with alloc.poisoned():
-        scratch = alloc.workspace(10, dtype=torch.float32, device=cpu, name="a")
-        assert scratch is not grown and bool(scratch.isnan().all())
-        assert alloc.workspace(10, dtype=torch.float32, device=cpu, name="a") is not scratch
-        assert alloc.workspace(3, dtype=torch.int32, device=cpu, name="flags", zeroed=True) is state
-    assert alloc.workspace(10, dtype=torch.float32, device=cpu, name="a") is grown
+        poisoned, kept = pair()
+        assert poisoned is not grown and bool(poisoned.isnan().all()) and kept is state
+        assert pair()[0] is not poisoned
+    again = pair()
+    assert again[0] is grown and again[1] is state
     alloc.drop_workspaces("flags")
-    fresh = alloc.workspace(3, dtype=torch.int32, device=cpu, name="flags", zeroed=True)
+    fresh = one("flags", 3, torch.int32, True)
     assert fresh is not state and not bool(fresh.any())
-    assert alloc.workspace(10, dtype=torch.float32, device=cpu, name="a") is grown  # other names stay
+    assert one("a", 10) is grown  # other names stay

@@ -512,17 +512,17 @@ def test_batch_invariance(reduce, form):
 def test_flags_kept_from_before_the_epochs_wrap_are_dropped(monkeypatch):
     """Epochs run 1 .. 2**31 - 1 and then wrap: a flag a slot kept since the first call equals the first epoch of
     the next round, and a waiting program would take it for one published in this call; at the wrap the kept
-    workspaces are dropped, so the flags are fresh zeros."""
+    flags are dropped, so they are fresh zeros."""
     from provable_kernels import alloc
     from provable_kernels.segment import triton_ops
 
-    cpu = torch.device("cpu")
     monkeypatch.setattr(alloc, "_KEPT", {})
     monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count())
-    _, flags, epoch = triton_ops.scratch(cpu, 64, 8)
+    workspaces = triton_ops.workspaces(torch.device("cpu"), 64, 8)
+    _, flags, epoch = triton_ops.scratch(workspaces)
     assert epoch == 1
     flags.fill_(epoch)  # every slot published in the first call, never written again
     monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count(triton_ops.EPOCH_LIMIT - 1))  # 2**31 - 2 calls later
-    assert triton_ops.scratch(cpu, 64, 8)[2] == triton_ops.EPOCH_LIMIT
-    _, flags, epoch = triton_ops.scratch(cpu, 64, 8)
+    assert triton_ops.scratch(workspaces)[2] == triton_ops.EPOCH_LIMIT
+    _, flags, epoch = triton_ops.scratch(workspaces)
     assert epoch == 1 and not bool((flags == epoch).any())

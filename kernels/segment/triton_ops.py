@@ -127,19 +127,26 @@ def _cdiv(a: int, b: int) -> int:
 
 _EPOCHS = itertools.count()
 EPOCH_LIMIT = 2**31 - 1
+PARTIALS, FLAGS = "segment.partials", "segment.flags"  # the forward's kept workspaces
 
 
-def scratch(device: torch.device, words: int, flag_words: int) -> tuple[Tensor, Tensor, int]:
-    """``(workspace, flags, epoch)`` for one forward launch on ``device``: an int32 workspace of at least ``words``
-    (scratch) and int32 flags of at least ``flag_words`` (state, zeros when new), both :func:`provable_kernels.alloc
-    .workspace` buffers kept per (device, current stream), and this call's epoch (1 .. 2**31 - 1, never 0: a flag
-    equal to it was written in this call; ``triton_segment`` module doc). When the epochs wrap, the kept flags are
-    dropped: a flag a slot kept from 2**31 - 1 calls ago would equal the new epochs."""
+def scratch(workspaces: alloc.Workspaces) -> tuple[Tensor, Tensor, int]:
+    """``(workspace, flags, epoch)`` for one forward launch: the plan's :class:`provable_kernels.alloc.Workspaces`
+    (an int32 workspace, scratch, and int32 flags, state that is zeros when new, kept per device and stream) and
+    this call's epoch (1 .. 2**31 - 1, never 0: a flag equal to it was written in this call; ``triton_segment``
+    module doc). When the epochs wrap, the kept flags are dropped: a flag a slot kept from 2**31 - 1 calls ago would
+    equal the new epochs."""
     epoch = next(_EPOCHS) % EPOCH_LIMIT + 1
     if epoch == 1:  # the first call, or a wrap: no kept flag may hold an epoch this round of calls will use
-        alloc.drop_workspaces("segment.flags")
-    return (alloc.workspace(words, dtype=torch.int32, device=device, name="segment.partials"),
-            alloc.workspace(flag_words, dtype=torch.int32, device=device, name="segment.flags", zeroed=True), epoch)
+        alloc.drop_workspaces(FLAGS)
+    workspace, flags = workspaces()
+    return workspace, flags, epoch
+
+
+def workspaces(device: torch.device, words: int, flag_words: int) -> alloc.Workspaces:
+    """The forward's :class:`provable_kernels.alloc.Workspaces` on ``device``: ``words`` int32 words of partials
+    (scratch) and ``flag_words`` int32 flags (state)."""
+    return alloc.Workspaces(device, (PARTIALS, words, torch.int32, False), (FLAGS, flag_words, torch.int32, True))
 
 
 class ForwardPlan:
@@ -147,7 +154,7 @@ class ForwardPlan:
     csr)`` as :func:`forward` returns them, ``plan.infer(x2, offsets, ids) -> out`` without the arg and the
     placeholders (inference)."""
 
-    __slots__ = ("rows", "S", "D", "dtype", "device", "want_arg", "ids_form", "workspace", "flags", "chunk")
+    __slots__ = ("rows", "S", "D", "dtype", "device", "want_arg", "ids_form", "workspaces", "chunk")
 
     def __init__(self, N: int, D: int, S: int, dtype: torch.dtype, device: torch.device, reduce: str,
                  want_arg: bool, ids_form: bool, check_ids: bool, strides: tuple[int, int], empty: float):
@@ -159,8 +166,8 @@ class ForwardPlan:
         slots = N // z.short_rows if N > z.short_rows else 0  # long chunks' workspace slots (programs)
         column_blocks = _cdiv(D, z.block_d)
         # int32 words: partial values (2 per float64), partial args (max / min), tags; a flag per slot and block
-        self.workspace = slots * (D * ((acc_torch.itemsize // 4) + (code >= 2)) + column_blocks)
-        self.flags = slots * column_blocks
+        self.workspaces = workspaces(device, slots * (D * ((acc_torch.itemsize // 4) + (code >= 2)) + column_blocks),
+                                     slots * column_blocks)
         self.chunk = None
         if S and D:
             short_programs = _cdiv(S, z.short_groups)
@@ -182,8 +189,7 @@ class ForwardPlan:
             if self.chunk is None:  # no segment: csr = [0] (rows without a segment are a bad index)
                 csr.zero_()
         if self.chunk is not None:
-            self.chunk(x2, csr, ids if self.ids_form else csr, out, arg,
-                       *scratch(self.device, self.workspace, self.flags))
+            self.chunk(x2, csr, ids if self.ids_form else csr, out, arg, *scratch(self.workspaces))
         return csr
 
     def __call__(self, x2: Tensor, offsets: Optional[Tensor], ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:

@@ -270,14 +270,15 @@ def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None
     than the inference route's (the benchmarks time the float64 chain)."""
     launch = _forward_launch(plan, log, chain or plan.work_dtype, False)
     B, dtype, device, work = plan.B, plan.cum.dtype, plan.cum.device, plan.work_dtype
-    ring_numel, trans_3d = plan.B * plan.ring_size * plan.C, plan.trans_3d  # rings (B, KR, C): kept workspaces
+    numel, trans_3d = plan.B * plan.ring_size * plan.C, plan.trans_3d  # the rings (B, KR, C), kept workspaces
+    rings = alloc.Workspaces(device, ("semicrf.ring", numel, torch.float64, False),
+                             *((("semicrf.ring_a", numel, work, False),) if trans_3d else ()))
 
     def run(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
             lengths: Tensor) -> Tensor:
         out = alloc.empty((B,), dtype=dtype, device=device)
-        ring = alloc.workspace(ring_numel, dtype=torch.float64, device=device, name="semicrf.ring")
-        ring_a = alloc.workspace(ring_numel, dtype=work, device=device, name="semicrf.ring_a") if trans_3d else None
-        launch(cum, trans, dur, ps, pe, lengths, out, ring, ring_a, None, None, None)
+        buffers = rings()
+        launch(cum, trans, dur, ps, pe, lengths, out, buffers[0], buffers[1] if trans_3d else None, None, None, None)
         return out
     return run
 
@@ -307,6 +308,7 @@ def training_runner(plan: _Plan) -> Training:
     has_ps, has_pe, trans_3d, K_requested = plan.ps is not None, plan.pe is not None, plan.trans_3d, plan.K_requested
     W = layout.saved[1][0][1]  # the per-sequence sums' width
     scales: dict[int, Bound] = {}  # by grad_logZ's stride (0: the expanded gradient of logZ.sum())
+    workspace = alloc.Workspaces(device, ("semicrf.training", layout.scratch_numel, torch.float64, False))
     scratch: list = [None, None]  # the training workspace last used and its views
 
     def forward(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
@@ -315,7 +317,7 @@ def training_runner(plan: _Plan) -> Training:
         g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
         g_ps = proj.pop(0) if has_ps else None
         g_pe = proj.pop(0) if has_pe else None
-        buffer = alloc.workspace(layout.scratch_numel, dtype=torch.float64, device=device, name="semicrf.training")
+        (buffer,) = workspace()
         if scratch[0] is not buffer:  # FT = float64 here; the views are made again only for a new buffer
             scratch[:] = buffer, _views(buffer, layout.scratch)
         alpha_a, alpha_A, ring, *ring_a = scratch[1]
