@@ -70,7 +70,7 @@ class Workspaces:
 
     def __call__(self) -> list[torch.Tensor]:
         stream = 0
-        if self.cuda:
+        if self.cuda:  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
             if torch._C._cuda_isCurrentStreamCapturing():
                 return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed in self.needs]
             stream = torch._C._cuda_getCurrentRawStream(self.device.index)
