@@ -33,6 +33,10 @@ from kernel_sentinel.cases import batch_along  # noqa: E402
 from kernel_sentinel.checks import expect_close, run_route  # noqa: E402
 from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Case, Family, Oracle, Property, Tolerance  # noqa: E402
 
+# Tests of the Triton routes on CPU tensors, which run only under the interpreter (on a GPU machine CPU tensors take
+# the PyTorch routes, and tests/test_gpu_call_path.py runs the compiled kernels)
+INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton routes on CPU tensors: the interpreter")
+
 
 def with_zero_row(rest: torch.Tensor) -> torch.Tensor:
     """``cum_scores`` from its rows after the first: the convention pins ``cum_scores[:, 0] = 0``, so gradient checks

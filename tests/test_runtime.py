@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import INTERPRETED
 
 from provable_kernels import runtime
 from provable_kernels.dispatch import recording
@@ -39,6 +40,7 @@ def test_one_entry_per_signature_and_repeat_calls_hit_it(entry):
     assert len(entry.cache) == 5
 
 
+@INTERPRETED
 @pytest.mark.parametrize("domain", ["log", "prob"])
 def test_the_prepared_runner_is_bitwise_the_full_path(entry, domain):
     x = torch.randn(2, 3, 5, 5)
@@ -79,6 +81,7 @@ def test_arguments_outside_the_cache_take_the_full_path(entry):
     assert runtime.signature((torch.empty(3, 4, 4, device="meta"),)) is None
 
 
+@INTERPRETED
 def test_grad_mode_and_requires_grad_are_part_of_the_signature(entry):
     x = torch.randn(3, 4, 4, requires_grad=True)
     with recording() as taken:
@@ -114,6 +117,7 @@ def test_semicrf_entries_share_the_runtime_and_keep_their_post_processing():
         semicrf_dispatch.semi_crf_streaming_forward(shifted, *args[1:])
 
 
+@INTERPRETED
 @pytest.mark.parametrize("domain", ["log", "prob"])
 def test_the_prepared_training_path_is_bitwise_the_custom_ops(entry, domain):
     """One autograd function per signature whose backward reuses the forward's prepared launch: the same
@@ -145,6 +149,7 @@ def _problem():
     return crf, torch.randn(26, 2, 3), offsets, ids
 
 
+@INTERPRETED
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 @pytest.mark.parametrize("form", ["offsets", "ids"])
 def test_segment_direct_runners_are_bitwise_the_full_path(reduce, form):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import INTERPRETED
 
 from provable_kernels.alloc import poisoned
 from provable_kernels.dispatch import recording
@@ -21,7 +22,6 @@ TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.fl
 # Tests of the Triton routes on CPU tensors (the interpreter, its sizes): on a machine with a GPU, CPU tensors take
 # the PyTorch routes instead, and the compiled kernels are tested by tests/test_gpu_call_path.py and verified by
 # `sentinel verify --device cuda` (its records in traces/verification/).
-INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton routes on CPU tensors: the interpreter")
 
 
 def problem(lengths, D=3, dtype=torch.float32, integers=False, seed=0):

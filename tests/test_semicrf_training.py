@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import semicrf_case
+from conftest import INTERPRETED, semicrf_case
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from provable_kernels import validate
@@ -54,7 +54,7 @@ def oracle_grads(case, semiring="log"):
 # ------------------------------------------------------------------------------------------------ custom ops
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED), "torch"])
 def test_opcheck_every_op(backend):
     """Schema, fake implementation, autograd registration and AOT dispatch (compile) of each op; the second
     sequence is short, so some rows of the saved gradients stay unwritten (outputs must still be deterministic)."""
@@ -338,7 +338,7 @@ def test_head_errors_name_hidden():
         head.decode(bad, lengths)
 
 
-@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("use_triton", [pytest.param(True, marks=INTERPRETED), False])
 def test_device_mode_streaming_call_poisons_instead_of_a_wrong_number(use_triton):
     """A length out of range in device mode: NaN for that sequence (Triton: the kernels check each sequence) or
     for the whole batch (PyTorch backend: one fused flag), and NaN gradients; never a number."""

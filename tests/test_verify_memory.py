@@ -1,9 +1,11 @@
-"""The ``memory`` check (:mod:`kernel_sentinel.memory`): out-of-bounds accesses of Triton kernels caught on the CPU.
+"""The ``memory`` check (:mod:`kernel_sentinel.memory`): out-of-bounds accesses and write races of Triton kernels
+caught on the CPU.
 
 Toy kernels with a known access pattern check the mechanism (a masked read past the end that ``other`` would hide,
 a store past the end, a correct kernel, a launch around the launcher, changed interpreter internals, a changed
-guard); planted bugs in the library's own kernels (the mutants the issue names) must fail ``sentinel verify``'s
-``memory`` check in a scratch copy, and the unmutated sources must pass it.
+guard, an element stored by two programs); planted bugs in the library's own kernels (out-of-bounds mutants the
+issue names, and mutants that make two programs store to one element) must fail ``sentinel verify``'s ``memory``
+check in a scratch copy, and the unmutated sources must pass it.
 """
 from __future__ import annotations
 
@@ -193,21 +195,15 @@ def test_the_unmutated_sources_pass_memory(scratch):
         assert code == 0, last
 
 
-@pytest.mark.parametrize("name", list(PLANTED))
-def test_planted_out_of_bounds_access_fails_memory(scratch, name):
-    family, file, pattern, old, new, routes = PLANTED[name]
+OUT_OF_BOUNDS = r"\w+ program \(\d+, \d+, \d+\): (load|store) of \d+ bytes, \d+ lanes outside every tensor argument"
+RACE = r"\w+: \d+ elements stored by more than one program"
+
+
+@pytest.mark.parametrize("name, finding", [(name, OUT_OF_BOUNDS) for name in PLANTED] +
+                         [(name, RACE) for name in PLANTED_RACES])
+def test_planted_bug_fails_memory(scratch, name, finding):
+    family, file, pattern, old, new, routes = {**PLANTED, **PLANTED_RACES}[name]
     with scratch.planted(file, pattern, old, new):
         code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["memory"])
     assert code == 1, last
-    assert re.match(rf"{re.escape(routes[0])} \w+ memory: \w+ program \(\d+, \d+, \d+\): (load|store) of \d+ bytes, "
-                    r"\d+ lanes outside every tensor argument", last), last
-
-
-@pytest.mark.parametrize("name", list(PLANTED_RACES))
-def test_planted_write_race_fails_memory(scratch, name):
-    family, file, pattern, old, new, routes = PLANTED_RACES[name]
-    with scratch.planted(file, pattern, old, new):
-        code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["memory"])
-    assert code == 1, last
-    assert re.match(rf"{re.escape(routes[0])} \w+ memory: \w+: \d+ elements stored by more than one program",
-                    last), last
+    assert re.match(rf"{re.escape(routes[0])} \w+ memory: {finding}", last), last
