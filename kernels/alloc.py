@@ -48,6 +48,8 @@ def empty_like(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Te
 
 
 _KEPT: dict[tuple, torch.Tensor] = {}
+KEEP_BYTES = 16 * 2**20  # scratch above this is allocated per call: its launch runs far longer than an allocation,
+                         # and a kept buffer would hold the memory from the caller's other tensors for good
 
 
 class Workspaces:
@@ -57,7 +59,7 @@ class Workspaces:
     calls and replaced by a larger one when too small. Kernels on one stream run one after another, so the calls on
     a stream share it; each stream has its own. Without ``zeroed`` a buffer is scratch, which every launch writes
     before it reads: uninitialised, and inside :func:`poisoned` a fresh poisoned allocation at every call (a read
-    before a write shows). With ``zeroed`` it is state that carries from call to call (zeros when new), never
+    before a write shows); scratch over :data:`KEEP_BYTES` is never kept. With ``zeroed`` it is state that carries from call to call (zeros when new), never
     poisoned. While a CUDA graph is captured: fresh buffers (the graph's own, zeroed at every replay with
     ``zeroed``)."""
 
@@ -65,19 +67,20 @@ class Workspaces:
 
     def __init__(self, device: torch.device, *needs: tuple[str, int, torch.dtype, bool]):
         self.device, self.cuda = device, device.type == "cuda"
-        self.needs = tuple((max(numel, 1), dtype, (name, dtype, device), zeroed)
+        self.needs = tuple((max(numel, 1), dtype, (name, dtype, device), zeroed,
+                            zeroed or max(numel, 1) * dtype.itemsize <= KEEP_BYTES)
                            for name, numel, dtype, zeroed in needs)
 
     def __call__(self) -> list[torch.Tensor]:
         stream = 0
         if self.cuda:  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
             if torch._C._cuda_isCurrentStreamCapturing():
-                return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed in self.needs]
+                return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed, _ in self.needs]
             stream = torch._C._cuda_getCurrentRawStream(self.device.index)
         poisoning = _POISON.get() is not None
         buffers = []
-        for size, dtype, key, zeroed in self.needs:
-            if poisoning and not zeroed:
+        for size, dtype, key, zeroed, kept in self.needs:
+            if not kept or (poisoning and not zeroed):
                 buffers.append(empty((size,), dtype=dtype, device=self.device))
                 continue
             found = _KEPT.get((key, stream))

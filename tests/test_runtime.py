@@ -206,7 +206,8 @@ def test_semicrf_direct_runners_are_bitwise_the_full_path_and_decline_what_they_
 def test_a_workspace_is_kept_per_name_and_grown_scratch_is_poisoned_afresh_state_is_not(monkeypatch):
     """``alloc.Workspaces``: one buffer per (name, dtype, device, stream), kept while large enough and replaced by
     a larger one; inside ``alloc.poisoned`` scratch is a fresh poisoned buffer at every call (a kernel that read it
-    before writing it would see NaN, not the last call's values), while state (``zeroed``) stays the kept buffer."""
+    before writing it would see NaN, not the last call's values), while state (``zeroed``) stays the kept buffer;
+    scratch over ``KEEP_BYTES`` is a fresh buffer at every call."""
     from provable_kernels import alloc
 
     monkeypatch.setattr(alloc, "_KEPT", {})
@@ -237,3 +238,7 @@ def test_a_workspace_is_kept_per_name_and_grown_scratch_is_poisoned_afresh_state
     fresh = one("flags", 3, torch.int32, True)
     assert fresh is not state and not bool(fresh.any())
     assert one("a", 10) is grown  # other names stay
+    monkeypatch.setattr(alloc, "KEEP_BYTES", 40)  # scratch over it is allocated per call, and replaces nothing
+    big = one("a", 11)
+    assert big is not grown and one("a", 11) is not big and one("a", 10) is grown
+    assert one("flags", 20, torch.int32, True) is one("flags", 20, torch.int32, True)  # state is always kept
