@@ -18,10 +18,14 @@ the arguments (an error is allowed). :func:`watching` does two things to every l
   is on must access, whole, memory inside one tensor argument of the launch (its first to its last element).
   A lane outside is reported (kernel, program id, access, which argument it is nearest to and how far past it)
   and masked off, so the run goes on without touching that memory;
-- **one writer per element**: within a launch, no two programs may ``store`` to the same address (atomics are
-  made for that and are exempt). On a GPU the programs run concurrently, so two plain stores to one element are a
-  write race whatever the values, even where the interpreter, running the programs one after another, happens to
-  leave the right result.
+- **one writer per element**: within a launch, no two programs may write the same address where at least one of
+  them does it with a plain ``store`` (atomics among themselves are made for that and are exempt). On a GPU the
+  programs run concurrently, so such a pair is a write race whatever the values, even where the interpreter,
+  running the programs one after another, happens to leave the right result.
+
+The cases run with allocations poisoned (:func:`provable_kernels.alloc.poisoned`): every workspace is then a fresh
+allocation of exactly the size the call asks for, where a workspace kept from an earlier, larger call would hide an
+overrun inside its larger span.
 
 It fails loudly rather than pass silently when the interpreter's internals change: when the interpreter module
 lacks those functions, when a launch makes no checked access at all (its memory accesses went another way), when
@@ -80,7 +84,8 @@ class _Launch:
     kernel: str
     spans: list[_Span]
     accesses: int = 0
-    stores: list[tuple[numpy.ndarray, tuple]] = field(default_factory=list)  # addresses stored, by which program
+    stores: list[tuple[numpy.ndarray, tuple, bool]] = field(default_factory=list)  # addresses written, by which
+    # program, whether by a plain store (else an atomic)
 
     def __post_init__(self) -> None:
         merged: list[list[int]] = []  # overlapping spans (views of one storage) joined
@@ -100,24 +105,31 @@ class _Launch:
         return ~(inside & (addresses + numpy.uint64(size) <= ends))
 
     def shared_stores(self) -> list[str]:
-        """The problem of elements stored by two programs of this launch (one writer per element), if any."""
-        if not self.stores:
+        """The problem of elements written by two programs of this launch, one of them with a plain store (one
+        writer per element), if any."""
+        if not any(plain for *_, plain in self.stores):
             return []
-        programs = sorted({program for _, program in self.stores})
+        programs = sorted({program for _, program, _ in self.stores})
         number = {program: i for i, program in enumerate(programs)}
-        addresses = numpy.concatenate([a for a, _ in self.stores])
-        writers = numpy.concatenate([numpy.full(a.shape, number[p], dtype=numpy.int64) for a, p in self.stores])
+        addresses = numpy.concatenate([a for a, _, _ in self.stores])
+        writers = numpy.concatenate([numpy.full(a.shape, number[p], dtype=numpy.int64) for a, p, _ in self.stores])
+        plain = numpy.concatenate([numpy.full(a.shape, kind) for a, _, kind in self.stores])
         order = numpy.lexsort((writers, addresses))
-        addresses, writers = addresses[order], writers[order]
-        clash = (addresses[1:] == addresses[:-1]) & (writers[1:] != writers[:-1])
-        if not clash.any():
+        addresses, writers, plain = addresses[order], writers[order], plain[order]
+        if not addresses.size:
             return []
-        first = int(numpy.argmax(clash))
-        shared = numpy.unique(addresses[1:][clash]).size
-        span = next(s for s in self.spans if s.start <= int(addresses[first]) < s.end)
-        return [f"{self.kernel}: {shared} elements stored by more than one program (a write race on a GPU); the "
-                f"first, byte {int(addresses[first]) - span.start} of argument {span.name} ({span.what}), by programs "
-                f"{programs[writers[first]]} and {programs[writers[first + 1]]}"]
+        first = numpy.flatnonzero(numpy.r_[True, addresses[1:] != addresses[:-1]])  # each address's first write
+        last = numpy.r_[first[1:], addresses.size] - 1
+        race = (writers[first] != writers[last]) & numpy.logical_or.reduceat(plain, first)
+        if not race.any():
+            return []
+        start = first[int(numpy.argmax(race))]
+        other = start + int(numpy.argmax(writers[start:] != writers[start]))  # the next program writing it
+        address = int(addresses[start])
+        span = next(s for s in self.spans if s.start <= address < s.end)
+        return [f"{self.kernel}: {int(race.sum())} elements stored by more than one program (a write race on a "
+                f"GPU); the first, byte {address - span.start} of argument {span.name} ({span.what}), by programs "
+                f"{programs[writers[start]]} and {programs[writers[other]]}"]
 
     def nearest(self, address: int, size: int) -> str:
         """Where ``address`` lies relative to the nearest argument, in bytes and elements of ``size`` bytes."""
@@ -158,8 +170,8 @@ class Watch:
         on = numpy.ones(pointers.shape, dtype=bool) if mask is None else numpy.broadcast_to(mask, pointers.shape)
         bad = numpy.zeros(pointers.shape, dtype=bool)
         bad[on] = launch.outside(pointers[on].astype(numpy.uint64), size)
-        if kind == "store":
-            launch.stores.append((pointers[on & ~bad].astype(numpy.uint64), _program_index()))
+        if kind != "load":
+            launch.stores.append((pointers[on & ~bad].astype(numpy.uint64), _program_index(), kind == "store"))
         if not bad.any():
             return mask
         first = int(pointers[bad].flat[0])
@@ -321,7 +333,7 @@ def _checked_launch(original: Any) -> Any:
             watch.accesses += launch_state.accesses
             for key, zone in zones.items():
                 watch.problems += [f"{self.kernel.__name__}: {p}" for p in zone.finish(", ".join(users[key]))]
-            if any(program is None for _, program in launch_state.stores):
+            if any(program is None for _, program, _ in launch_state.stores):
                 watch.problems.append(f"{self.kernel.__name__}: the Triton interpreter did not say which program "
                                       f"stored (its internals changed): one writer per element cannot be checked")
             else:
@@ -374,7 +386,7 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device,
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
                            f"compute-sanitizer's memcheck)")
-    with watching() as watch:
+    with alloc.poisoned(), watching() as watch:  # fresh workspaces of exactly their size (module doc)
         for case in cases:
             for mode in MODES:
                 with value_checks(mode):

@@ -134,6 +134,29 @@ def test_an_element_stored_by_two_programs_is_a_race():
                            "first, byte 12 of argument dst_ptr ((4,) float32), by programs (0, 0, 0) and (1, 0, 0)")
 
 
+@triton.jit
+def count_kernel(dst_ptr, PLAIN: tl.constexpr):
+    """Every program adds 1 to dst[0] atomically; with PLAIN program 0 also stores 0 there with a plain store."""
+    tl.atomic_add(dst_ptr, 1.0)
+    if PLAIN:
+        if tl.program_id(0) == 0:
+            tl.store(dst_ptr, 0.0)
+
+
+def test_atomics_may_share_an_element_a_plain_store_among_them_may_not():
+    for plain in (False, True):
+        dst = torch.zeros(1)
+        with memory.watching() as watch:
+            launch.launcher(count_kernel)[(3,)](dst, PLAIN=plain)
+        if not plain:
+            assert watch.problems == [] and dst.item() == 3.0
+            continue
+        (problem,) = watch.problems
+        assert problem.startswith("count_kernel: 1 elements stored by more than one program (a write race on a GPU); "
+                                  "the first, byte 0 of argument dst_ptr ((1,) float32), by programs (0, 0, 0) and "
+                                  "(1, 0, 0)")
+
+
 def test_views_of_one_storage_share_one_copy():
     """Two arguments on one storage (an in-place kernel) see each other's writes, as without the check."""
     buf = torch.arange(10.0)
