@@ -3,9 +3,9 @@
 Kernels allocate with :func:`empty` (never ``torch.empty`` directly), so that a verifier can switch on
 :func:`poisoned`: inside it, float allocations are filled with NaN and integer ones with :data:`POISON_INT`
 instead of left uninitialised, and a kernel that forgets to write an element produces a visible wrong result
-instead of whatever the allocator handed back. Workspaces that a launch writes before it reads are kept between
-calls (:class:`Workspaces`: no allocation per call) and poisoned afresh inside :func:`poisoned` like every other
-allocation. Where NaN is itself a correct output (a bad input in device
+instead of whatever the allocator handed back. A launch's workspaces are kept between calls (:class:`Workspaces`:
+no allocation per call); scratch, which the launch writes before it reads, is poisoned afresh inside
+:func:`poisoned` like every other allocation. Where NaN is itself a correct output (a bad input in device
 mode), a second, finite poison (``poisoned(alternate=True)``) tells an unwritten element from a written NaN: two
 runs under the two poisons give the same bits exactly when every element is written.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -57,11 +58,11 @@ class Workspaces:
     ``Workspaces(device, (name, numel, dtype, zeroed), ...)()`` returns one 1-D buffer of at least ``numel``
     elements (at least 1) per need, in order. Each is kept per (``name``, dtype, device, current stream) between
     calls and replaced by a larger one when too small. Kernels on one stream run one after another, so the calls on
-    a stream share it; each stream has its own. Without ``zeroed`` a buffer is scratch, which every launch writes
-    before it reads: uninitialised, and inside :func:`poisoned` a fresh poisoned allocation at every call (a read
-    before a write shows); scratch over :data:`KEEP_BYTES` is never kept. With ``zeroed`` it is state that carries from call to call (zeros when new), never
-    poisoned. While a CUDA graph is captured: fresh buffers (the graph's own, zeroed at every replay with
-    ``zeroed``)."""
+    a stream share it; each stream has its own (on the CPU, each thread). Without ``zeroed`` a buffer is scratch,
+    which every launch writes before it reads: uninitialised, and inside :func:`poisoned` a fresh poisoned
+    allocation at every call (a read before a write shows); scratch over :data:`KEEP_BYTES` is never kept. With
+    ``zeroed`` it is state that carries from call to call (zeros when new), never poisoned. While a CUDA graph is
+    captured: fresh buffers (the graph's own, zeroed at every replay with ``zeroed``)."""
 
     __slots__ = ("device", "cuda", "needs")
 
@@ -72,11 +73,10 @@ class Workspaces:
                            for name, numel, dtype, zeroed in needs)
 
     def __call__(self) -> list[torch.Tensor]:
-        stream = 0
-        if self.cuda:  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
-            if torch._C._cuda_isCurrentStreamCapturing():
-                return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed, _ in self.needs]
-            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+        # on the CPU (the interpreter) threads, not streams, run launches side by side
+        stream = self._stream() if self.cuda else threading.get_ident()
+        if stream is None:  # verify: unreached (CUDA-graph capture: tests/test_gpu_call_path.py)
+            return [self._new(size, dtype, zeroed) for size, dtype, _, zeroed, _ in self.needs]
         poisoning = _POISON.get() is not None
         buffers = []
         for size, dtype, key, zeroed, kept in self.needs:
@@ -88,6 +88,12 @@ class Workspaces:
                 found = _KEPT[key, stream] = self._new(size, dtype, zeroed)
             buffers.append(found)
         return buffers
+
+    def _stream(self) -> Optional[int]:  # verify: unreached (CUDA only: the GPU records, tests/test_gpu_call_path.py)
+        """The current CUDA stream of the device, None while a CUDA graph is captured on it."""
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return None
+        return torch._C._cuda_getCurrentRawStream(self.device.index)
 
     def _new(self, size: int, dtype: torch.dtype, zeroed: bool) -> torch.Tensor:
         if zeroed:

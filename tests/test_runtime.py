@@ -5,6 +5,8 @@ compared with the full path (``TREE.dispatch(make_call(...))``), which runs ever
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import INTERPRETED
@@ -207,7 +209,7 @@ def test_a_workspace_is_kept_per_name_and_grown_scratch_is_poisoned_afresh_state
     """``alloc.Workspaces``: one buffer per (name, dtype, device, stream), kept while large enough and replaced by
     a larger one; inside ``alloc.poisoned`` scratch is a fresh poisoned buffer at every call (a kernel that read it
     before writing it would see NaN, not the last call's values), while state (``zeroed``) stays the kept buffer;
-    scratch over ``KEEP_BYTES`` is a fresh buffer at every call."""
+    scratch over ``KEEP_BYTES`` is a fresh buffer at every call; another thread gets buffers of its own."""
     from provable_kernels import alloc
 
     monkeypatch.setattr(alloc, "_KEPT", {})
@@ -238,6 +240,11 @@ def test_a_workspace_is_kept_per_name_and_grown_scratch_is_poisoned_afresh_state
     fresh = one("flags", 3, torch.int32, True)
     assert fresh is not state and not bool(fresh.any())
     assert one("a", 10) is grown  # other names stay
+    elsewhere: list = []  # another thread (on the CPU threads, not streams, run launches side by side)
+    thread = threading.Thread(target=lambda: elsewhere.append(one("a", 10)))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not grown and one("a", 10) is grown
     monkeypatch.setattr(alloc, "KEEP_BYTES", 40)  # scratch over it is allocated per call, and replaces nothing
     big = one("a", 11)
     assert big is not grown and one("a", 11) is not big and one("a", 10) is grown

@@ -404,10 +404,13 @@ def _strays_in_last(case: Any) -> Any:
     S, N = len(case.problem.lengths), sum(case.problem.lengths)
     first = N - case.problem.lengths[-1]  # the last segment: rows first .. N - 1
 
+    if N - first < 2:
+        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {N - first}")
+
     def stray(ids: torch.Tensor) -> torch.Tensor:
         short = triton_ops.short_rows(ids.device)
         rows = [r for r in range(first + 1, N) if (r + 1) % short == 0 or r == N - 2]
-        return ids.index_fill(0, torch.tensor(rows, device=ids.device), S)
+        return ids.index_fill(0, torch.tensor(rows, dtype=torch.int64, device=ids.device), S)
 
     return _index_changed("ids", stray)(case)
 

@@ -309,7 +309,6 @@ def training_runner(plan: _Plan) -> Training:
     W = layout.saved[1][0][1]  # the per-sequence sums' width
     scales: dict[int, Bound] = {}  # by grad_logZ's stride (0: the expanded gradient of logZ.sum())
     workspace = alloc.Workspaces(device, ("semicrf.training", layout.scratch_numel, torch.float64, False))
-    scratch: list = [None, None]  # the training workspace last used and its views
 
     def forward(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
                 lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -317,10 +316,7 @@ def training_runner(plan: _Plan) -> Training:
         g_cum, parts, *proj, g_dur = _views(saved, layout.saved)
         g_ps = proj.pop(0) if has_ps else None
         g_pe = proj.pop(0) if has_pe else None
-        (buffer,) = workspace()
-        if scratch[0] is not buffer:  # FT = float64 here; the views are made again only for a new buffer
-            scratch[:] = buffer, _views(buffer, layout.scratch)
-        alpha_a, alpha_A, ring, *ring_a = scratch[1]
+        alpha_a, alpha_A, ring, *ring_a = _views(workspace()[0], layout.scratch)  # FT = float64 here
         logZ = alloc.empty((B,), dtype=dtype, device=device)
         train(cum, trans, dur, ps, pe, lengths, logZ, ring, ring_a[0] if ring_a else None, alpha_a, alpha_A, g_cum,
               g_ps, g_pe, g_dur, parts)
