@@ -72,6 +72,7 @@ class Measurement:
     def __init__(self, roots: Sequence[Path]):
         import coverage as coveragepy  # the coverage.py package (this module is kernel_sentinel.coverage)
 
+        self.roots = tuple(roots)
         self._cov = coveragepy.Coverage(data_file=None, include=[f"{_absolute(r)}/*" for r in roots],
                                         config_file=False)
         self._cov.clear_exclude()  # no pragma hides a line: declarations are the markers of this module
@@ -81,6 +82,15 @@ class Measurement:
 
     def stop(self) -> None:
         self._cov.stop()
+
+    def executed(self) -> dict[str, list[int]]:
+        """The lines run so far, per file (absolute path): what a ``--jobs`` worker sends back with each unit."""
+        data = self._cov.get_data()
+        return {name: sorted(data.lines(name) or ()) for name in data.measured_files()}
+
+    def add(self, executed: dict[str, list[int]]) -> None:
+        """Count the lines of another process's :meth:`executed` as run here too."""
+        self._cov.get_data().add_lines(executed)
 
     def lines(self, path: Path) -> tuple[list[int], set[int]]:
         """coverage.py's statements of ``path`` (first line of each) and those that ran."""

@@ -58,13 +58,14 @@ worker is free, and the end of the run prints each GPU's share (units, busy seco
 the compute-sanitizer processes are spread over the same GPUs.
 
 ``--coverage`` (CPU) also measures which lines of each family's kernel sources the run executed
-(:mod:`kernel_sentinel.coverage`): a table per file, in the JSON report and in the records.
+(:mod:`kernel_sentinel.coverage`): a table per file, in the JSON report and in the records. With ``--jobs``
+every worker measures its own units and sends its lines back with each result; the table is their union.
 
 Exit codes: 0 when every selected route ran and passed; 1 when any check failed, when no route ran, when a
 family declares an invariant whose test does not exist, or (``--coverage``, complete run) when a kernel line is
 neither reached nor declared unreached; 2 on usage errors: an unknown family, a ``--route`` glob that matches no
 route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` / ``--dtype`` and ``--coverage``,
-``--coverage`` with ``--jobs`` other than 1 or auto, ``--device cuda`` without a GPU, ``--coverage`` on a GPU,
+``--device cuda`` without a GPU, ``--coverage`` on a GPU,
 ``--sanitize`` without a GPU or without compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``,
 naming a GPU the host does not have, ``cpu`` or the same GPU twice.
 
@@ -162,15 +163,15 @@ def _jobs(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
 
 
-def resolve_jobs(jobs: int | str, units: int, coverage: bool) -> int:
+def resolve_jobs(jobs: int | str, units: int) -> int:
     """The worker processes for ``--jobs`` over ``units`` units of work (:func:`kernel_sentinel.workers.unit_count`:
     a row's properties one by one, and its other checks): ``auto`` is one per usable CPU (at most
-    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units and no coverage is measured, else 1
+    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units, else 1
     (starting a process costs seconds: a little work runs faster in this one). ``--devices`` then rounds it up to
     a multiple of the GPU count (:func:`kernel_sentinel.workers.slots`)."""
     if jobs != "auto":
         return int(jobs)
-    if coverage or units < AUTO_MIN_UNITS:
+    if units < AUTO_MIN_UNITS:
         return 1
     return min(AUTO_JOBS, workers.usable_cpus())
 
@@ -204,7 +205,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "initcheck, synccheck), one check per tool")
     p.add_argument("--jobs", type=_jobs, default="auto", metavar="J",
                    help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
-                        f"compilation, which runs in parallel across processes); not with --coverage. Default "
+                        f"compilation, which runs in parallel across processes; --coverage is measured in each). "
+                        f"Default "
                         f"auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
                         f"(a row's properties one by one, and its other checks), else 1")
     p.add_argument("--devices", metavar="LIST",
@@ -232,8 +234,6 @@ def run(args: argparse.Namespace) -> int:
                          {"--record": records.record_dir() if args.record else None})
     if problem:
         return console.usage_error(problem)
-    if args.coverage and args.jobs not in ("auto", 1):
-        return console.usage_error("--coverage measures one process: drop --jobs")
     if args.coverage and device.type != "cpu":
         return console.usage_error("--coverage reads the Triton kernels as Python under the interpreter: "
                                    "use --device cpu")
@@ -261,10 +261,10 @@ def run(args: argparse.Namespace) -> int:
     sources = {family.name: records.blob_ids(family.source_files()) for family in families}
     start = time.perf_counter()
     units = workers.unit_count(selected, options)
-    pinned = workers.slots(resolve_jobs(args.jobs, units, args.coverage), gpus, units)
+    pinned = workers.slots(resolve_jobs(args.jobs, units), gpus, units)
     shares = workers.shares(pinned)
     if len(pinned) > 1:
-        results = workers.verify_in_processes(selected, options, pinned, shares)
+        results = workers.verify_in_processes(selected, options, pinned, shares, measurement)
     else:
         results = workers.verify_here(selected, options, pinned[0], shares)
     if args.sanitize:  # each check is a compute-sanitizer process: one per worker at a time, on the workers' GPUs

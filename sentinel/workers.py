@@ -10,8 +10,8 @@ be forked) and share Triton's on-disk kernel cache: a specialisation one of them
 ``--devices`` pins each worker to one GPU: the parent hands every process a GPU index as it starts (in turn from
 :func:`slots`, ``ceil(J / N)`` processes per GPU), and the worker makes it current (``torch.cuda.set_device``)
 before any CUDA work. The run's device stays ``cuda`` without an index, so cases are built on the current device
-and the results are those of a one-GPU run (only a failing ``devices`` check names the GPUs it compared). Every worker sees every GPU (no per-process
-``CUDA_VISIBLE_DEVICES``): the ``devices`` check needs a second GPU in each worker, and one pool with a GPU per
+and the results are those of a one-GPU run (only a failing ``devices`` check names the GPUs it compared). Every
+worker sees every GPU (no per-process ``CUDA_VISIBLE_DEVICES``): the ``devices`` check needs a second GPU in each worker, and one pool with a GPU per
 process keeps the dynamic hand-out of units. Each unit's result comes back with its GPU and wall time, summed
 into each GPU's :class:`Share`. With one worker in all, the rows run in this process (:func:`verify_here`), its
 GPU made current. ``--sanitize``'s compute-sanitizer processes run in as many threads as there are workers, each
@@ -59,6 +59,7 @@ Gpu = Optional[int]  # the CUDA device index a worker is pinned to; None: not pi
 
 _options: Optional[Options] = None  # in a worker process: the parent's options
 _gpu: Gpu = None  # in a worker process: its GPU
+_measured: Any = None  # in a worker process of ``verify --coverage``: its kernel_sentinel.coverage.Measurement
 
 
 def usable_cpus() -> int:
@@ -111,13 +112,17 @@ def _pin(gpu: Gpu) -> None:
         torch.cuda.set_device(gpu)
 
 
-def _start(options: Options, threads: int, gpus: Any) -> None:
+def _start(options: Options, threads: int, gpus: Any, coverage_roots: Optional[Sequence[Any]] = None) -> None:
     """Start a worker process: the parent's device (on the CPU the Triton interpreter switch, before any kernel
     module is imported), the next GPU of the queue ``gpus`` made current, options, and ``threads`` CPU threads for
-    torch (the workers share the CPUs)."""
-    global _options, _gpu
-    from kernel_sentinel import device
+    torch (the workers share the CPUs). With ``coverage_roots`` (``verify --coverage``) it measures the lines run
+    under them from here on, before any kernel module is imported."""
+    global _options, _gpu, _measured
+    from kernel_sentinel import coverage, device
 
+    if coverage_roots is not None:
+        _measured = coverage.Measurement(coverage_roots)
+        _measured.start()
     device.prepare(options.device.type)
     _gpu = gpus.get()
     _pin(_gpu)
@@ -139,15 +144,17 @@ def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
           file=sys.stderr, end="", flush=True)
 
 
-def _run_unit(family_name: str, route_id: str, dtype: str, unit: int) -> tuple[RouteResult | Outcome, Gpu, float]:
+def _run_unit(family_name: str, route_id: str, dtype: str,
+              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]]]:
     """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome), with
-    the worker's GPU and the unit's wall time."""
+    the worker's GPU, the unit's wall time and, under ``--coverage``, the lines this worker has run so far."""
     watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
     watch.daemon = True
     watch.start()
     start = time.perf_counter()
     try:
-        return _unit_result(family_name, route_id, dtype, unit), _gpu, time.perf_counter() - start
+        result = _unit_result(family_name, route_id, dtype, unit)
+        return result, _gpu, time.perf_counter() - start, None if _measured is None else _measured.executed()
     finally:
         watch.cancel()
 
@@ -216,10 +223,13 @@ def unit_count(selected: Sequence[tuple[Family, str, torch.dtype]], options: Opt
 
 
 def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options,
-                        workers: Sequence[Gpu], done: dict[Gpu, Share]) -> list[RouteResult]:
+                        workers: Sequence[Gpu], done: dict[Gpu, Share],
+                        measurement: Any = None) -> list[RouteResult]:
     """:func:`kernel_sentinel.rows.verify_route` for each selected ``(family, route id, dtype)``, its work spread
     over one spawned worker process per entry of ``workers`` (:func:`slots`: the GPU each is pinned to), at most
-    one per unit; results in the order of ``selected``. Each GPU's units and their time are added to ``done``."""
+    one per unit; results in the order of ``selected``. Each GPU's units and their time are added to ``done``.
+    With a ``measurement`` (:class:`kernel_sentinel.coverage.Measurement`, ``--coverage``) every worker measures
+    the lines under its roots, and each unit's lines are added to it."""
     pending = _rows(selected, options)
     units = [(i, u) for i, row in enumerate(pending) for u in (*range(row.properties), OTHER_CHECKS)]
     workers = list(workers)[:len(units)]
@@ -229,7 +239,8 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
     for gpu in workers:
         gpus.put(gpu)
     finished = 0
-    pool = ProcessPoolExecutor(len(workers), mp_context=context, initializer=_start, initargs=(options, threads, gpus))
+    pool = ProcessPoolExecutor(len(workers), mp_context=context, initializer=_start,
+                               initargs=(options, threads, gpus, measurement and measurement.roots))
     where = f" on {len(set(workers))} GPUs" if workers[0] is not None else ""
     try:
         with report.progress_bar() as progress:
@@ -240,7 +251,9 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
                 i, unit = futures[future]
                 row = pending[i]
                 try:
-                    value, gpu, seconds = future.result()
+                    value, gpu, seconds, lines = future.result()
+                    if measurement is not None and lines is not None:
+                        measurement.add(lines)
                     done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
                     row.record(unit, value)
                 except BrokenProcessPool as exc:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -452,11 +453,24 @@ def test_jobs_give_the_rows_of_one_process_in_order(tmp_path):
     assert len(one) == 10 and one == two  # five torch routes at two dtypes
 
 
-def test_jobs_with_coverage_is_a_usage_error(capsys):
-    from kernel_sentinel.cli import main
+@pytest.mark.slow  # two fresh verify processes, one with two workers: ~1 min
+def test_coverage_with_jobs_is_the_union_of_the_workers_lines(tmp_path):
+    """``--coverage --jobs 2`` reports the same lines as one process: each worker measures its units (and its own
+    imports) and the parent adds their lines to its own."""
+    def covered(jobs: str) -> list[dict]:
+        report = tmp_path / f"jobs{jobs}.json"
+        done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "verify", "--family", "sinkhorn", "--route",
+                               "sinkhorn.torch.*", "--dtype", "float32", "--device", "cpu", "--quick", "--coverage",
+                               "--jobs", jobs, "--json", str(report)], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(report.read_text())["coverage"]["files"]
 
-    assert main(["verify", "--family", "sinkhorn", "--device", "cpu", "--coverage", "--jobs", "2"]) == 2
-    assert "--coverage measures one process: drop --jobs" in capsys.readouterr().err
+    one, two = covered("1"), covered("2")
+    assert [f["path"] for f in one] == [f["path"] for f in two]
+    assert any(f["reached"] for f in one)
+    for a, b in zip(one, two):
+        assert (a["reached"], a["unreached"]) == (b["reached"], b["unreached"]), a["path"]
 
 
 def test_jobs_auto_starts_processes_only_for_much_work(monkeypatch):
@@ -465,12 +479,11 @@ def test_jobs_auto_starts_processes_only_for_much_work(monkeypatch):
     from kernel_sentinel import workers
     from kernel_sentinel.verify import AUTO_JOBS, AUTO_MIN_UNITS, resolve_jobs
 
-    assert resolve_jobs("auto", AUTO_MIN_UNITS - 1, False) == 1
-    assert resolve_jobs("auto", 500, True) == 1  # coverage is measured in one process
+    assert resolve_jobs("auto", AUTO_MIN_UNITS - 1) == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert resolve_jobs("auto", AUTO_MIN_UNITS, False) == AUTO_JOBS
+    assert resolve_jobs("auto", AUTO_MIN_UNITS) == AUTO_JOBS
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert resolve_jobs("auto", 500, False) == 2
+    assert resolve_jobs("auto", 500) == 2
     # ten semi-CRF Triton rows (a GPU run's slowest part) are enough work for workers: a unit per property
     semicrf = registry.family("semicrf")
     rows = [(semicrf, route_id, dtype) for dtype in semicrf.dtypes
