@@ -65,9 +65,9 @@ Exit codes: 0 when every selected route ran and passed; 1 when any check failed,
 family declares an invariant whose test does not exist, or (``--coverage``, complete run) when a kernel line is
 neither reached nor declared unreached; 2 on usage errors: an unknown family, a ``--route`` glob that matches no
 route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` / ``--dtype`` and ``--coverage``,
-``--device cuda`` without a GPU, ``--coverage`` on a GPU,
-``--sanitize`` without a GPU or without compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``,
-naming a GPU the host does not have, ``cpu`` or the same GPU twice.
+``--device cuda`` without a GPU, ``--coverage`` on a GPU, ``--sanitize`` without a GPU or without
+compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``, naming a GPU the host does not have,
+``cpu`` or the same GPU twice.
 
 ``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
 device when that was made from the same sources and versions on the same GPUs
@@ -206,8 +206,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=_jobs, default="auto", metavar="J",
                    help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
                         f"compilation, which runs in parallel across processes; --coverage is measured in each). "
-                        f"Default "
-                        f"auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
+                        f"Default auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
                         f"(a row's properties one by one, and its other checks), else 1")
     p.add_argument("--devices", metavar="LIST",
                    help="spread the work over these GPUs: all, or a comma-separated list such as cuda:0,cuda:1 (one "
