@@ -9,13 +9,13 @@ be forked) and share Triton's on-disk kernel cache: a specialisation one of them
 
 ``--devices`` pins each worker to one GPU: the parent hands every process a GPU index as it starts (in turn from
 :func:`slots`, ``ceil(J / N)`` processes per GPU), and the worker makes it current (``torch.cuda.set_device``)
-before any CUDA work. The run's device stays ``cuda`` without an index, so cases are built on the current device
-and the results are those of a one-GPU run (only a failing ``devices`` check names the GPUs it compared). Every
-worker sees every GPU (no per-process ``CUDA_VISIBLE_DEVICES``): the ``devices`` check needs a second GPU in each
-worker, and one pool with a GPU per process keeps the dynamic hand-out of units. Each unit's result comes back
-with its GPU and wall time, summed into each GPU's :class:`Share`. With one worker in all, the rows run in this process (:func:`verify_here`), its
-GPU made current. ``--sanitize``'s compute-sanitizer processes run in as many threads as there are workers, each
-on a GPU of :func:`slots` (:func:`sanitize_on`).
+before any CUDA work. The run's device stays ``cuda`` without an index, so cases are built on the current device and
+the results are those of a one-GPU run (only a failing ``devices`` check names the GPUs it compared). Every worker
+sees every GPU (no per-process ``CUDA_VISIBLE_DEVICES``): the ``devices`` check needs a second GPU in each worker,
+and one pool with a GPU per process keeps the dynamic hand-out of units. Each unit's result comes back with its GPU
+and wall time, summed into each GPU's :class:`Share`. With one worker in all, the rows run in this process
+(:func:`verify_here`), its GPU made current. ``--sanitize``'s compute-sanitizer processes run in as many threads as
+there are workers, each on a GPU of :func:`slots` (:func:`sanitize_on`).
 
 Families are looked up by name in the workers (:func:`kernel_sentinel.registry.family`, with the parent's
 environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not).
