@@ -132,6 +132,74 @@ def test_chain_precision_per_route(monkeypatch):
                       "max.train f32": ([tl.float64], []), "viterbi f32": ([tl.float64], [])}
 
 
+class RingSpy:
+    """Stands in for the forward kernel and records ``REG_RING`` of every launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.flags = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.flags.append(meta["REG_RING"])
+            return self.kernel[grid](*args, **meta)
+
+        return launch
+
+
+def same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bitwise equal under the interpreter; compiled, within the float32 rounding of a different summation order."""
+    if got.device.type == "cpu":
+        return torch.equal(got, want)
+    return torch.allclose(got, want, rtol=1e-6 if got.dtype == torch.float32 else 1e-13, atol=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_ring_in_registers_gives_the_values_of_the_ring_in_memory(monkeypatch, dtype):
+    """The register ring (``REG_RING``) computes the same operations on the same values as the ring in memory: logZ,
+    best scores and Viterbi paths are bitwise equal under the interpreter (compiled: float32 results within the
+    rounding of its one warp's summation order)."""
+    from provable_kernels.semicrf import dispatch
+
+    spy = RingSpy(triton_ops.semicrf_forward_kernel)
+    monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", spy)
+    case = make_case(B=3, T=7, K=3, C=3, proj_start=True, proj_end=True, variable=True).to(dtype, DEVICE)
+    case.transition[0, 1] = float("-inf")  # a forbidden transition: -inf entries pass through the shift
+
+    def run() -> list[torch.Tensor]:
+        for entry in (dispatch.PARTITION, dispatch.VITERBI):  # the direct runners hold the launch they were made with
+            monkeypatch.setattr(entry, "cache", {})
+        path = case.viterbi()
+        return [case.forward("log"), case.forward("max"), path.scores, *path.padded(case.cum_scores.shape[1] - 1)]
+
+    in_registers = run()
+    assert spy.flags == [True] * 3
+    spy.flags.clear()
+    monkeypatch.setattr(triton_ops, "register_ring", lambda plan: False)
+    in_memory = run()
+    assert spy.flags == [False] * 3
+    for what, got, want in zip(("logZ", "max", "Viterbi score", "labels", "starts"), in_registers, in_memory):
+        assert same_values(got, want), f"{what}: {got} against {want}"
+    assert_close(in_registers[0], torch.tensor(oracle.log_partition(case.oracle_scores()), dtype=F64),
+                 1e-5 if dtype == torch.float32 else 1e-10, "logZ against the oracle")
+
+
+@pytest.mark.parametrize("K, C, trans_3d, in_registers", [
+    (5, 20, False, True),  # DB 8, CP 32: 2048 elements
+    (16, 16, False, True),  # DB 16, CP 16: 4096, the largest tile
+    (16, 17, False, False),  # DB 16, CP 32: 8192
+    (9, 16, False, True),  # DB 16 (the next power of two of K), CP 16: 4096
+    (200, 20, False, False),  # DB 128 < K: several chunks
+    (2, 2, True, False),  # 3-D transitions keep their a-values in memory
+])
+def test_register_ring_where_its_shift_tile_fits(K, C, trans_3d, in_registers):
+    """The forward kernel holds its ring in registers only with 2-D transitions, every duration in one chunk and a
+    shift tile of DB * DB * CP <= ``REGISTER_RING_TILE`` (4096) elements."""
+    case = make_case(B=1, T=K, K=K, C=C, trans3d=trans_3d)
+    streaming = make_call("partition", case.cum_scores, case.transition, case.duration_bias, case.lengths, K, "log",
+                          None, None, True)
+    assert triton_ops.register_ring(triton_ops._plan(streaming)) is in_registers
+
+
 def test_float32_chain_logz_matches_float64_reference_at_moderate_length():
     """T = 300 (100x the other cases): the float32 chain's logZ of float32 inputs within 1e-6 relative of the
     PyTorch reference route run in float64 on the same (float32-rounded) inputs."""

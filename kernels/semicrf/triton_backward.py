@@ -148,7 +148,8 @@ def semicrf_train_kernel(
     logZ = -inf, NaN when the forward's value checks failed). See the module docstring."""
     b = tl.program_id(0).to(tl.int64)
     logZ, _ = forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a, alpha_A, None, None,
-                               T, K, KR, C, True, TRANS_3D, HAS_PS, HAS_PE, True, False, FT, CT, CP, DB, NCHUNK)
+                               T, K, KR, C, True, TRANS_3D, HAS_PS, HAS_PE, True, False, FT, CT, CP, DB, NCHUNK,
+                               False)
     tl.store(out + b, logZ.to(out.dtype.element_ty))
     tl.debug_barrier()  # alpha and the ring, written above by every thread of the program, are read below
     L = tl.minimum(tl.maximum(tl.load(lengths + b), 1), T).to(tl.int32)  # clamped as in the forward

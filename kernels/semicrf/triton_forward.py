@@ -28,6 +28,13 @@ The ring is read in duration order (row d-1 holds s = t-d), so duration-indexed 
 backward's per-duration accumulators stay aligned; the new entry is stored and made visible with one
 ``tl.debug_barrier()`` per step (ring size K+1, so a step never overwrites an entry it reads). Durations are
 processed in chunks of DB rows (NCHUNK chunks, merged with an online logsumexp / max).
+
+Register ring (``REG_RING``, the forward kernel only, where the host's ``triton_ops.register_ring`` allows it: 2-D
+transitions, every duration in one chunk, a small shift tile): the ring is a (DB, CP) float64 tile held in
+registers, row d-1 holding the entry of s = t-d, shifted down by one row per step (:func:`push_row`). No scratch,
+and no store, load or barrier per step. It computes the same operations on the same values as the ring in memory
+(bitwise equal under the interpreter); compiled, the kernel runs it with one warp, whose reductions may sum in
+another order than the memory ring's warps, so float32 results can differ in the last bits (each deterministic).
 """
 from __future__ import annotations
 
@@ -91,13 +98,28 @@ def ring_rows(step, d, kmax, KR, cols, cmask):
 
 
 @triton.jit
-def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur_k, trans_k, cols, cmask,
-                  LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, CT: tl.constexpr):
+def push_row(held, row, DB: tl.constexpr):
+    """``held`` (DB, CP) shifted down by one row, ``row`` (CP,) on top: row i of the result is a sum over a one-hot
+    selection of ``held``'s rows with one term that is not zero, so it is exact."""
+    i = tl.arange(0, DB)
+    below = (i[:, None] == i[None, :] + 1)[:, :, None]  # (new row, old row, 1)
+    shifted = tl.sum(tl.where(below, held[None, :, :], 0.0), 1)
+    return tl.where((i == 0)[:, None], row[None, :], shifted)
+
+
+@triton.jit
+def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, held, dur_k, trans_k, cols, cmask,
+                  LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, CT: tl.constexpr,
+                  REG_RING: tl.constexpr):
     """The terms in(t-d, d) + seg(t-d, d) - A[t-1] (chain dtype CT) for a chunk of durations d (DB,), reduced over d
-    per label: LOG: (max, sum exp(term - max), -, -); max: (max, -, best d, best previous label (3-D, WRITE_BP))."""
+    per label: LOG: (max, sum exp(term - max), -, -); max: (max, -, best d, best previous label (3-D, WRITE_BP)).
+    The entries come from the ring in memory, or (REG_RING) from the register ring ``held``."""
     s = t - d
     slot, ok = ring_rows(s, d, kmax, KR, cols, cmask)
-    entry = tl.load(ring + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
+    if REG_RING:
+        entry = held
+    else:
+        entry = tl.load(ring + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
     term = (entry - q[None, :]).to(CT) + dur_k.to(CT)
     if TRANS_3D:
         a = tl.load(ring_a + slot[:, None] * C + cols[None, :], mask=ok, other=float("-inf"))
@@ -120,24 +142,24 @@ def _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur_k, trans_k, cols, cmas
 
 
 @triton.jit
-def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, cmask,
+def _inside(t, q, kmax, K, KR, C, ring, ring_a, held, trans, dur, dur0, trans0, cols, cmask,
             LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, DB: tl.constexpr,
-            NCHUNK: tl.constexpr, CT: tl.constexpr):
+            NCHUNK: tl.constexpr, CT: tl.constexpr, REG_RING: tl.constexpr):
     """alpha[t] - A[t-1] (CP,) in the chain dtype CT from the ring, ``q = A[t-1] - cum[t] - pe[t-1]`` (float64);
     chunk 0 from the register constants, further chunks loaded. With WRITE_BP also the best duration (shortest among ties) and,
     for 3-D transitions, the best previous label (smallest among ties) per label."""
     d = 1 + tl.arange(0, DB)
-    top, total, best_d, best_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, dur0, trans0, cols, cmask,
-                                                  LOG, TRANS_3D, WRITE_BP, CT)
+    top, total, best_d, best_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, held, dur0, trans0, cols,
+                                                  cmask, LOG, TRANS_3D, WRITE_BP, CT, REG_RING)
     for k in range(1, NCHUNK):
         d = k * DB + 1 + tl.arange(0, DB)
         if TRANS_3D:
             trans_k = trans_chunk(trans, d, K, C, cols, cmask)
         else:
             trans_k = trans0
-        c_top, c_total, c_d, c_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a,
+        c_top, c_total, c_d, c_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, held,
                                                     dur_chunk(dur, d, K, C, cols, cmask), trans_k, cols, cmask,
-                                                    LOG, TRANS_3D, WRITE_BP, CT)
+                                                    LOG, TRANS_3D, WRITE_BP, CT, False)  # REG_RING: one chunk
         if LOG:
             top, total = lse_merge(top, total, c_top, c_total)
         else:
@@ -153,13 +175,13 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, cols, 
 
 
 @triton.jit
-def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, cols, cmask,
+def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, held, trans0, bp_prev, cols, cmask,
              LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr, FT: tl.constexpr,
-             CT: tl.constexpr):
+             CT: tl.constexpr, REG_RING: tl.constexpr, DB: tl.constexpr):
     """From ``value = alpha[t] - A[t-1]`` (chain dtype CT): the new offset A[t] = max_c alpha[t, c] (float64) and
     a[t] = alpha[t] - A[t] (CT); pushes the ring entry of t (2-D: with in(t) = ⊕_c' alpha[t, c'] + trans[c', c]
     and, with WRITE_BP, its best previous label per c, smallest among ties, at ``bp_prev[t]``) and makes it
-    visible to the whole program."""
+    visible to the whole program; REG_RING: onto the register ring ``held`` instead. Returns (A, a, held)."""
     shift = lse_shift(tl.max(value, 0))
     A = R + shift
     a = value - shift
@@ -172,26 +194,29 @@ def _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, col
         entry = A + semiring_sum(paths, 0, LOG) + ps_t - cum_t
         if WRITE_BP:
             tl.store(bp_prev + t * C + cols, tl.argmax(paths, 0, tie_break_left=True).to(tl.int32), mask=cmask)
-    tl.store(ring + slot * C + cols, entry, mask=cmask)
-    tl.debug_barrier()
-    return A, a
+    if REG_RING:
+        held = push_row(held, entry, DB)
+    else:
+        tl.store(ring + slot * C + cols, entry, mask=cmask)
+        tl.debug_barrier()
+    return A, a, held
 
 
 @triton.jit
-def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur, bp_prev,
+def alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, held, trans, dur, dur0, trans0, bp_dur, bp_prev,
                cols, cmask, LOG: tl.constexpr, TRANS_3D: tl.constexpr, WRITE_BP: tl.constexpr,
-               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr, CT: tl.constexpr):
-    """One step of the recursion: (A[t] float64, a[t] in the chain dtype CT) from A[t-1] = ``R`` and the ring;
-    pushes the entry of t."""
+               FT: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr, CT: tl.constexpr, REG_RING: tl.constexpr):
+    """One step of the recursion: (A[t] float64, a[t] in the chain dtype CT, the register ring) from A[t-1] = ``R``
+    and the ring (REG_RING: ``held``); pushes the entry of t."""
     q = R - cum_t - pe_t
-    value, best_d, best_prev = _inside(t, q, tl.minimum(K, t), K, KR, C, ring, ring_a, trans, dur, dur0, trans0,
-                                       cols, cmask, LOG, TRANS_3D, WRITE_BP, DB, NCHUNK, CT)
+    value, best_d, best_prev = _inside(t, q, tl.minimum(K, t), K, KR, C, ring, ring_a, held, trans, dur, dur0,
+                                       trans0, cols, cmask, LOG, TRANS_3D, WRITE_BP, DB, NCHUNK, CT, REG_RING)
     if WRITE_BP:
         tl.store(bp_dur + t * C + cols, best_d, mask=cmask)
         if TRANS_3D:
             tl.store(bp_prev + t * C + cols, best_prev, mask=cmask)
-    return _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, trans0, bp_prev, cols, cmask,
-                    LOG, TRANS_3D, WRITE_BP, FT, CT)
+    return _advance(t, R, value, cum_t, ps_t, KR, C, ring, ring_a, held, trans0, bp_prev, cols, cmask,
+                    LOG, TRANS_3D, WRITE_BP, FT, CT, REG_RING, DB)
 
 
 @triton.jit
@@ -219,16 +244,19 @@ SIZES = ["T", "K", "KR", "C"]  # integer arguments not specialised: one compilat
 def forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a, alpha_A, bp_dur, bp_prev,
                      T, K, KR, C, LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr,
                      HAS_PE: tl.constexpr, SAVE_ALPHA: tl.constexpr, WRITE_BP: tl.constexpr, FT: tl.constexpr,
-                     CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr):
+                     CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+                     REG_RING: tl.constexpr):
     """The forward recursion of sequence ``b`` over t = 1..L_b (module docstring; arguments as
     :func:`semicrf_forward_kernel`'s, whole-batch pointers). Returns (⊕_c alpha[L_b, c] as float64, NaN when a
     value check fails; the last a (CP,) in the chain dtype). The sequence's values are checked first
     (:func:`sequence_nonfinite`, and 1 <= L_b <= T; L_b is clamped into 1..T for the recursion). SAVE_ALPHA: keeps
-    a[t] (input dtype FT) and A[t] (float64) at every position t >= 1 for the backward (not read here)."""
+    a[t] (input dtype FT) and A[t] (float64) at every position t >= 1 for the backward (not read here). REG_RING:
+    the ring in registers (module docstring; ``ring`` and ``ring_a`` unused)."""
     length = tl.load(lengths + b)
     L = tl.minimum(tl.maximum(length, 1), T).to(tl.int32)  # clamped: a bad length never indexes out of bounds
     cum += b * (T + 1) * C
-    ring += b * KR * C
+    if not REG_RING:
+        ring += b * KR * C
     if HAS_PS:
         ps += b * T * C
     if HAS_PE:
@@ -248,17 +276,21 @@ def forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a,
 
     # position 0: A[0] = 0 and in(0) = 0, so the entry is ps[0] - cum[0]
     cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, 0, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
-    tl.store(ring + cols, ps_t - cum_t, mask=cmask)
-    if TRANS_3D:
-        tl.store(ring_a + cols, tl.zeros((CP,), FT), mask=cmask)
-    tl.debug_barrier()
+    if REG_RING:
+        held = tl.where((tl.arange(0, DB) == 0)[:, None], (ps_t - cum_t)[None, :], float("-inf"))
+    else:
+        held = tl.zeros((), tl.float64)  # unused
+        tl.store(ring + cols, ps_t - cum_t, mask=cmask)
+        if TRANS_3D:
+            tl.store(ring_a + cols, tl.zeros((CP,), FT), mask=cmask)
+        tl.debug_barrier()
     R = tl.zeros((), tl.float64)
     a = tl.zeros((CP,), CT)
     cum_t, ps_t, pe_t = position_inputs(cum, ps, pe, 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)
     for t in range(1, L + 1):
         cum_n, ps_n, pe_n = position_inputs(cum, ps, pe, t + 1, T, C, cols, cmask, HAS_PS, HAS_PE, CP)  # prefetch
-        R, a = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, trans, dur, dur0, trans0, bp_dur,
-                          bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK, CT)
+        R, a, held = alpha_step(t, R, cum_t, ps_t, pe_t, K, KR, C, ring, ring_a, held, trans, dur, dur0, trans0,
+                                bp_dur, bp_prev, cols, cmask, LOG, TRANS_3D, WRITE_BP, FT, DB, NCHUNK, CT, REG_RING)
         if SAVE_ALPHA:
             tl.store(alpha_a + t * C + cols, a.to(FT), mask=cmask)
             tl.store(alpha_A + t, R)
@@ -270,21 +302,22 @@ def forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, alpha_a,
 def semicrf_forward_kernel(
     cum, trans, dur, ps, pe, lengths,  # inputs: (B, T+1, C), (C, C) | (K, C, C), (K, C), (B, T, C) x2, (B,)
     out,  # (B,): ⊕_c alpha[L_b, c], stored in out's dtype
-    ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only)
+    ring, ring_a,  # scratch (B, KR, C): float64 entries, a-values (3-D transitions only); None with REG_RING
     bp_dur, bp_prev, last_label,  # WRITE_BP: (B, T+1, C) int32 x2, (B,) int32
     # (a pointer whose flag is off, e.g. ps without HAS_PS, may be None: fewer arguments, less launch time)
     T, K, KR, C,  # K = min(K, T), KR = K + 1
     LOG: tl.constexpr, TRANS_3D: tl.constexpr, HAS_PS: tl.constexpr, HAS_PE: tl.constexpr,
     WRITE_BP: tl.constexpr,
     FT: tl.constexpr, CT: tl.constexpr, CP: tl.constexpr, DB: tl.constexpr, NCHUNK: tl.constexpr,
+    REG_RING: tl.constexpr,
 ):
     """One program per sequence: :func:`forward_sequence`; ``CT`` is the chain dtype (float64, or float32 on the
-    inference route with float32 inputs). When a value check fails, ``out[b]`` is NaN, so no value error turns
-    into a number."""
+    inference route with float32 inputs); REG_RING: the ring in registers (module docstring). When a value check
+    fails, ``out[b]`` is NaN, so no value error turns into a number."""
     b = tl.program_id(0).to(tl.int64)
     result, a = forward_sequence(b, cum, trans, dur, ps, pe, lengths, ring, ring_a, None, None, bp_dur, bp_prev,
                                  T, K, KR, C, LOG, TRANS_3D, HAS_PS, HAS_PE, False, WRITE_BP, FT, CT, CP, DB,
-                                 NCHUNK)
+                                 NCHUNK, REG_RING)
     tl.store(out + b, result.to(out.dtype.element_ty))
     if WRITE_BP:
         tl.store(last_label + b, tl.argmax(a, 0, tie_break_left=True).to(tl.int32))

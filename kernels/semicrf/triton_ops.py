@@ -38,7 +38,7 @@ lengths into 1..T.
 
 Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T):
 
-- ``partition``: rings, 2*(K+1)*C floats (O(K*C)).
+- ``partition``: rings, 2*(K+1)*C floats (O(K*C)); none where the ring fits in registers (:func:`register_ring`).
 - ``train_forward``: while it runs, alpha at every position, (T+1)*(C+1) float64, and the rings (K+1)*C float64
   (twice with 3-D transitions);
   it returns the sequence's float64 gradients for grad_logZ = 1, (T+1)*C (+ 2*T*C with both projections) and the
@@ -77,6 +77,7 @@ from provable_kernels.semicrf.triton_viterbi import semicrf_backtrack_kernel
 TILE_2D = 4096  # elements of a (durations, labels) chunk for 2-D transitions
 TILE_3D = 4096  # elements of a (durations, labels, labels) chunk for 3-D transitions
 SCALE_BLOCK = 1024  # elements per step of the gradient scaling kernel
+REGISTER_RING_TILE = 4096  # elements of the register ring's shift tile (DB, DB, CP) at most
 
 
 def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
@@ -257,11 +258,25 @@ def _require_interpreter(device: torch.device) -> None:
                          f"Triton backend, got {device}")
 
 
+def register_ring(plan: _Plan) -> bool:
+    """Whether the forward kernel holds its ring in registers (``REG_RING``, one warp; module docstring of
+    :mod:`~provable_kernels.semicrf.triton_forward`): 2-D transitions, every duration in one chunk, and its shift
+    tile of DB * DB * CP float64 elements within :data:`REGISTER_RING_TILE` (measured on an H200 at 32,25,5,20:
+    18.9 against 27.0 us with the ring in memory; benchmarks/NOTES-semicrf.md)."""
+    DB = plan.durations_per_chunk
+    return (not plan.trans_3d and plan.K <= DB
+            and DB * DB * triton.next_power_of_2(plan.C) <= REGISTER_RING_TILE)
+
+
 def _forward_launch(plan: _Plan, log: bool, chain: torch.dtype, backpointers: bool) -> Bound:
     """The forward kernel's launch for ``plan``'s sizes with the chain dtype ``chain`` (module docstring); its
-    tensors: the inputs, ``out``, the rings and (``backpointers``) the Viterbi buffers."""
+    tensors: the inputs, ``out``, the rings (None, None where :func:`register_ring`) and (``backpointers``) the
+    Viterbi buffers."""
+    in_registers = register_ring(plan)
     return launcher(semicrf_forward_kernel).bind(
-        (plan.B,), plan.sizes(), plan.options(plan.warps, ("LOG", log), ("WRITE_BP", backpointers), ("CT", chain)))
+        (plan.B,), plan.sizes(), plan.options(1 if in_registers else plan.warps, ("LOG", log),
+                                              ("WRITE_BP", backpointers), ("CT", chain),
+                                              ("REG_RING", in_registers)))
 
 
 def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None) -> Callable[..., Tensor]:
@@ -271,13 +286,14 @@ def partition_runner(plan: _Plan, log: bool, chain: Optional[torch.dtype] = None
     launch = _forward_launch(plan, log, chain or plan.work_dtype, False)
     B, dtype, device, work = plan.B, plan.cum.dtype, plan.cum.device, plan.work_dtype
     numel, trans_3d = plan.B * plan.ring_size * plan.C, plan.trans_3d  # the rings (B, KR, C), kept workspaces
-    rings = alloc.Workspaces(device, ("semicrf.ring", numel, torch.float64, False),
-                             *((("semicrf.ring_a", numel, work, False),) if trans_3d else ()))
+    rings = None if register_ring(plan) else alloc.Workspaces(
+        device, ("semicrf.ring", numel, torch.float64, False),
+        *((("semicrf.ring_a", numel, work, False),) if trans_3d else ()))
 
     def run(cum: Tensor, trans: Tensor, dur: Tensor, ps: Optional[Tensor], pe: Optional[Tensor],
             lengths: Tensor) -> Tensor:
         out = alloc.empty((B,), dtype=dtype, device=device)
-        buffers = rings()
+        buffers = (None,) if rings is None else rings()
         launch(cum, trans, dur, ps, pe, lengths, out, buffers[0], buffers[1] if trans_3d else None, None, None, None)
         return out
     return run
@@ -376,8 +392,8 @@ def viterbi(call: StreamingCall) -> ViterbiPath:
     bp_prev = plan.new(plan.B, plan.T + 1, plan.C, dtype=torch.int32)
     last_label = plan.new(plan.B, dtype=torch.int32)
     scores = plan.new(plan.B, dtype=plan.cum.dtype)
-    _forward_launch(plan, False, torch.float64, True)(*plan.inputs(), scores, *plan.rings(), bp_dur, bp_prev,
-                                                     last_label)
+    rings = (None, None) if register_ring(plan) else plan.rings()
+    _forward_launch(plan, False, torch.float64, True)(*plan.inputs(), scores, *rings, bp_dur, bp_prev, last_label)
     durations = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     labels = plan.new(plan.B, plan.T, dtype=torch.int64, zero=True)
     launcher(semicrf_backtrack_kernel)[(plan.B,)](bp_dur, bp_prev, last_label, plan.lengths, durations, labels, plan.T,
