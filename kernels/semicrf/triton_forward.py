@@ -159,7 +159,7 @@ def _inside(t, q, kmax, K, KR, C, ring, ring_a, held, trans, dur, dur0, trans0, 
             trans_k = trans0
         c_top, c_total, c_d, c_prev = _inside_chunk(t, q, kmax, d, KR, C, ring, ring_a, held,
                                                     dur_chunk(dur, d, K, C, cols, cmask), trans_k, cols, cmask,
-                                                    LOG, TRANS_3D, WRITE_BP, CT, False)  # REG_RING: one chunk
+                                                    LOG, TRANS_3D, WRITE_BP, CT, REG_RING)  # (with REG_RING, one chunk: no k)
         if LOG:
             top, total = lse_merge(top, total, c_top, c_total)
         else:
