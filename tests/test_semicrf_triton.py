@@ -194,7 +194,7 @@ def test_ring_in_registers_gives_the_values_of_the_ring_in_memory(monkeypatch, d
 def test_register_ring_where_its_shift_tile_fits(K, C, trans_3d, in_registers):
     """The forward kernel holds its ring in registers only with 2-D transitions, every duration in one chunk and a
     shift tile of DB * DB * CP <= ``REGISTER_RING_TILE`` (4096) elements."""
-    case = make_case(B=1, T=K, K=K, C=C, trans3d=trans_3d)
+    case = make_case(B=1, T=K, K=K, C=C, trans3d=trans_3d).to(device=DEVICE)
     streaming = make_call("partition", case.cum_scores, case.transition, case.duration_bias, case.lengths, K, "log",
                           None, None, True)
     assert triton_ops.register_ring(triton_ops._plan(streaming)) is in_registers
