@@ -27,7 +27,10 @@ routes are dealt out over J workers and their coverage merged). A mutant on a li
 is listed as unreached: a case is missing). Module-level lines count for every route. ``--keep PATH`` keeps the
 unmutated run and each finished mutant's outcome, so that a run stopped part way goes on where it stopped while the
 family's and the verifier's sources, the routes, the seed and the versions of Python, torch, Triton and NumPy
-are the same (a kept unmutated run vouches only for the environment it passed in).
+are the same (a kept unmutated run vouches only for the environment it passed in). A survivor costs every check of
+every route it reaches (on the CPU, thousands of seconds for a line of a Triton kernel that every route runs):
+``--split-after S`` stops a mutant still running after S seconds on its one worker and, once the others are done,
+runs it again with its routes dealt out over all J workers, so that many cores end the run sooner.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -463,26 +466,60 @@ def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str
     return Baseline(lines, {r: t for data in parts for r, t in data["seconds"].items()})
 
 
-def run_mutant(scratch: Scratch, family: str, mutant: Mutant, baseline: Baseline, seed: int) -> Outcome:
-    """Plant ``mutant`` in the scratch copy, run the routes that reach it, restore the file."""
+def deal(routes: Sequence[str], seconds: dict[str, float], groups: int) -> list[list[str]]:
+    """``routes`` dealt out into at most ``groups`` non-empty groups of about equal unmutated seconds (the longest
+    route first, each into the group with the fewest seconds so far)."""
+    dealt: list[list[str]] = [[] for _ in range(max(1, min(groups, len(routes))))]
+    load = [0.0] * len(dealt)
+    for route in sorted(routes, key=lambda r: -seconds[r]):
+        i = load.index(min(load))
+        dealt[i].append(route)
+        load[i] += seconds[route]
+    return dealt
+
+
+def run_mutant(scratches: Sequence[Scratch], family: str, mutant: Mutant, baseline: Baseline, seed: int,
+               cap: Optional[float] = None) -> Outcome:
+    """Plant ``mutant`` in each scratch copy, run the routes that reach it dealt out over them in parallel
+    (:func:`deal`), restore the files. Killed when a group fails a check, crashed when one exits otherwise, timeout
+    when one runs past its limits, else survived. ``cap`` (one scratch copy): stop after that many seconds of wall
+    time and return ``unfinished`` (not an outcome: the mutant runs again, spread over more copies)."""
     routes = baseline.routes_for(mutant)
     if not routes:
         return Outcome(mutant, "unreached", "no route runs this line")
-    path = scratch.dir / mutant.file
-    original = path.read_text()
-    path.write_text(mutant.apply(original))
-    limits = {r: TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.seconds[r] for r in routes}
+    groups = deal(routes, baseline.seconds, len(scratches))
+    paths = [scratch.dir / mutant.file for scratch in scratches[:len(groups)]]
+    original = paths[0].read_text()
+    for path in paths:
+        path.write_text(mutant.apply(original))
+
+    def one(scratch: Scratch, group: list[str]) -> tuple[int, str, bool, bool]:
+        limits = {r: TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.seconds[r] for r in group}
+        timeout = 2 * sum(limits.values())
+        capped = cap is not None and cap < timeout
+        code, last, timed_out = scratch.worker(family, group, seed, cap if capped else timeout, route_limits=limits)
+        return code, last, timed_out, timed_out and capped
+
     start = time.perf_counter()
     try:
-        code, last, timed_out = scratch.worker(family, routes, seed, 2 * sum(limits.values()), route_limits=limits)
+        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+            results = list(pool.map(one, scratches, groups))
     finally:
-        path.write_text(original)
+        for path in paths:
+            path.write_text(original)
     seconds = time.perf_counter() - start
-    if timed_out or code == ROUTE_TIMEOUT:
-        return Outcome(mutant, "timeout", last, seconds)
-    if code == 0:
-        return Outcome(mutant, "survived", "", seconds)
-    return Outcome(mutant, "killed" if code == 1 else "crashed", last, seconds)
+    for code, last, timed_out, capped in results:
+        if code == 1 and not timed_out:
+            return Outcome(mutant, "killed", last, seconds)
+    for code, last, timed_out, capped in results:
+        if code not in (0, ROUTE_TIMEOUT) and not timed_out:
+            return Outcome(mutant, "crashed", last, seconds)
+    for code, last, timed_out, capped in results:
+        if capped:
+            return Outcome(mutant, "unfinished", last, seconds)
+        if timed_out or code == ROUTE_TIMEOUT:
+            return Outcome(mutant, "timeout", last, seconds)
+    return Outcome(mutant, "survived", "", seconds)
 
 
 # ---------------------------------------------------------------------------------------------- the worker
@@ -687,6 +724,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-kill", type=float, default=0.0, metavar="P",
                    help="exit 1 when a family's kill rate is under P percent")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
+    p.add_argument("--split-after", type=float, metavar="S",
+                   help="stop a mutant still running after S seconds on one job, and run it again after the others "
+                        "with its routes dealt out over every job (survivors run every check of every route they "
+                        "reach: on many cores this ends a run sooner; default: never)")
     p.add_argument("--keep", type=Path, metavar="PATH",
                    help="keep the unmutated run and every finished mutant's outcome in PATH, and go on from them "
                         "while the family's and the verifier's sources, the routes, the seed and the versions of "
@@ -740,24 +781,43 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                 return done
             scratch = scratches.get()
             try:
-                outcome = run_mutant(scratch, family.name, mutant, baseline, args.seed)
+                outcome = run_mutant([scratch], family.name, mutant, baseline, args.seed, cap=args.split_after)
             finally:
                 scratches.put(scratch)
+            if outcome.status != "unfinished":
+                store.add(outcome)
+            return outcome
+
+        def spread(mutant: Mutant) -> Outcome:  # every copy on this one mutant
+            outcome = run_mutant(made, family.name, mutant, baseline, args.seed)
             store.add(outcome)
             return outcome
 
-        outcomes = []
+        outcomes: list[Outcome] = []
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console.err) as progress, \
                 concurrent.futures.ThreadPoolExecutor(len(made)) as pool:
             task = progress.add_task(f"mutate {family.name}", total=len(sample))
-            for outcome in pool.map(one, sample):
+
+            def report(outcome: Outcome) -> None:
                 outcomes.append(outcome)
                 progress.console.print(f"{outcome.status}: {escape(outcome.mutant.diff())}"
                                        + (f"  ({escape(outcome.by)})" if outcome.by else ""),
                                        highlight=False, soft_wrap=True)
                 killed = sum(o.killed for o in outcomes)
                 progress.update(task, advance=1, description=f"mutate {family.name}: {killed}/{len(outcomes)} killed")
+
+            unfinished = []
+            for outcome in pool.map(one, sample):
+                if outcome.status == "unfinished":
+                    unfinished.append(outcome.mutant)
+                else:
+                    report(outcome)
+            if unfinished:
+                progress.console.print(f"{len(unfinished)} mutants still running after {args.split_after:g} s: each "
+                                       f"again, its routes dealt out over {len(made)} workers", highlight=False)
+            for mutant in unfinished:
+                report(spread(mutant))
     finally:
         for s in made:
             s.remove()
@@ -782,6 +842,8 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error(f"-n must be >= 1, got {args.n}")
     if args.jobs < 1:
         return console.usage_error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.split_after is not None and args.split_after <= 0:
+        return console.usage_error(f"--split-after must be > 0 seconds, got {args.split_after:g}")
     if not 0 <= args.min_kill <= 100:
         return console.usage_error(f"--min-kill is a percentage in 0..100, got {args.min_kill}")
     try:

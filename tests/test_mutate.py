@@ -141,6 +141,51 @@ def test_kept_runs_go_on_where_they_stopped_only_for_the_same_key(tmp_path):
     assert runs == [1, 1, 1]
 
 
+class _PlantedScratch:
+    """A scratch holding ``k.py`` whose worker records the routes it ran and the source it saw, and answers
+    ``(code, last line, timed out)`` for the first of its routes named in ``answers`` (else passes)."""
+
+    def __init__(self, directory: Path, answers: dict):
+        directory.mkdir()
+        (directory / "k.py").write_text(SOURCE)
+        self.dir, self.answers, self.ran, self.seen, self.timeouts = directory, answers, [], [], []
+
+    def worker(self, family, routes, seed, timeout, route_limits=None):
+        self.ran += routes
+        self.seen.append((self.dir / "k.py").read_text())
+        self.timeouts.append(timeout)
+        return next((self.answers[r] for r in routes if r in self.answers), (0, "4 routes pass", False))
+
+
+def test_a_mutant_spread_over_workers_runs_each_route_once_and_fails_when_one_group_fails(tmp_path):
+    """``--split-after``: a mutant's routes dealt out over the copies (about equal unmutated seconds each), the bug
+    planted in every copy and removed after; killed when any group fails; a run stopped at the cap is unfinished,
+    not a timeout (which counts as killed)."""
+    assert mutate.deal(["a", "b", "c", "d"], {"a": 4.0, "b": 3.0, "c": 2.0, "d": 1.0}, 2) == [["a", "d"], ["b", "c"]]
+    assert mutate.deal(["a"], {"a": 1.0}, 3) == [["a"]]
+    mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
+    routes = ["r1", "r2", "r3", "r4"]
+    baseline = mutate.Baseline({"k.py": {11: set(routes)}}, dict.fromkeys(routes, 1.0))
+
+    def run(answers: dict, cap=None, copies: int = 2) -> tuple[mutate.Outcome, list]:
+        scratches = [_PlantedScratch(tmp_path / f"{len(list(tmp_path.iterdir()))}", answers) for _ in range(copies)]
+        outcome = mutate.run_mutant(scratches, "fam", mutant, baseline, 0, cap=cap)
+        for scratch in scratches:
+            assert scratch.seen == [mutant.apply(SOURCE)] and (scratch.dir / "k.py").read_text() == SOURCE
+        return outcome, scratches
+
+    survived, scratches = run({})
+    assert survived.status == "survived" and sorted(r for s in scratches for r in s.ran) == routes
+    assert all(len(s.ran) == 2 for s in scratches)
+    assert run({"r3": (1, "r3 float32 reference: off", False)})[0].status == "killed"
+    assert run({"r3": (1, "r3 float32 reference: off", False), "r2": (-9, "ran past 5 s", True)})[0].status == \
+        "killed"
+    assert run({"r2": (-11, "Segmentation fault", False)})[0].status == "crashed"
+    assert run({"r2": (mutate.ROUTE_TIMEOUT, "r2: ran past 64 s (a hang?)", False)})[0].status == "timeout"
+    assert run({"r2": (-9, "ran past 5 s", True)}, cap=5.0, copies=1)[0].status == "unfinished"
+    assert run({"r2": (-9, "ran past 520 s", True)}, cap=1e6, copies=1)[0].status == "timeout"
+
+
 def test_a_route_past_its_cpu_deadline_stops_the_block():
     with pytest.raises(mutate._RouteTimeout):
         with mutate._deadline(0.05):
