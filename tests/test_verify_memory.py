@@ -183,6 +183,10 @@ PLANTED = {
     "semi-CRF forward reads proj_start one row past T (the last sequence of the tiny case runs the full T)": (
         "semicrf", "kernels/semicrf/triton_forward.py", r"ps_t = tl\.load\(ps \+ row \* C \+ cols, mask=cmask & "
         r"\(row >= 0\) & \(row < T\)", "(row < T)", "(row <= T)", ["semicrf.triton.log.infer"]),
+    "semi-CRF Viterbi stores its best previous labels without the label mask (the padded lane of the last row of the "
+    "last sequence, C = 3 in the tiny case)": (
+        "semicrf", "kernels/semicrf/triton_forward.py", r"tl\.store\(bp_prev \+ t \* C \+ cols, tl\.argmax\(paths, 0, "
+        r"tie_break_left=True\)\.to\(tl\.int32\), mask=cmask\)", ", mask=cmask", "", ["semicrf.triton.viterbi"]),
     "Sinkhorn's tile store mask b < B as b <= B (a matrix written past the end)": (
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"mask=\(b < B\) & \(i < N\) & \(j < N\)\)\n",
         "b < B", "b <= B", ["sinkhorn.triton.prob.train"]),
