@@ -282,15 +282,18 @@ def plant(text: str, pattern: str, old: str, new: str) -> str:
 
 def load_equivalents(path: Path) -> dict[tuple[str, str, str], str]:
     """``{(file, before, after): reason}`` from a reviewed equivalent-mutant file (empty when absent); every entry
-    needs a non-empty reason."""
+    needs a non-empty reason, and names a mutant no other entry names."""
     if not path.is_file():
         return {}
     entries = json.loads(path.read_text())
-    out = {}
+    out: dict[tuple[str, str, str], str] = {}
     for i, entry in enumerate(entries):
         if not str(entry.get("reason", "")).strip():
             raise ValueError(f"{path}: entry {i} has no reason; every equivalent mutant needs one")
-        out[(entry["file"], entry["before"], entry["after"])] = entry["reason"]
+        key = (entry["file"], entry["before"], entry["after"])
+        if key in out:
+            raise ValueError(f"{path}: entry {i} names the mutant of an earlier entry ({key[0]}: {key[2]})")
+        out[key] = entry["reason"]
     return out
 
 

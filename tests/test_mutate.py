@@ -74,6 +74,10 @@ def test_equivalents_need_a_reason_and_are_matched_by_file_and_lines(tmp_path):
     m = mutate.find_mutants(SOURCE, "k.py")[0]
     path.write_text(json.dumps([{"file": m.file, "before": m.before, "after": m.after, "reason": "same value"}]))
     assert mutate.load_equivalents(path) == {m.key: "same value"}
+    path.write_text(json.dumps([{"file": m.file, "before": m.before, "after": m.after, "reason": r}
+                                for r in ("same value", "listed twice")]))
+    with pytest.raises(ValueError, match="entry 1 names the mutant of an earlier entry"):
+        mutate.load_equivalents(path)
 
 
 def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
