@@ -92,15 +92,15 @@ def test_partition_log_and_max_against_oracle(name, dtype, tol):
     assert_close(best, torch.tensor([s for _, s in oracle.best(scored)], dtype=F64), tol, "max")
 
 
-class ChainSpy:
-    """Stands in for a kernel and records the chain dtype (``CT``) of every launch."""
+class LaunchSpy:
+    """Stands in for a kernel and records one constexpr (``flag``) of every launch in ``seen``."""
 
-    def __init__(self, kernel):
-        self.kernel, self.chains = kernel, []
+    def __init__(self, kernel, flag: str):
+        self.kernel, self.flag, self.seen = kernel, flag, []
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
-            self.chains.append(meta["CT"])
+            self.seen.append(meta[self.flag])
             return self.kernel[grid](*args, **meta)
 
         return launch
@@ -111,7 +111,8 @@ def test_chain_precision_per_route(monkeypatch):
     float64."""
     from provable_kernels.semicrf import dispatch
 
-    forward, train = ChainSpy(triton_ops.semicrf_forward_kernel), ChainSpy(triton_ops.semicrf_train_kernel)
+    forward, train = (LaunchSpy(triton_ops.semicrf_forward_kernel, "CT"),
+                      LaunchSpy(triton_ops.semicrf_train_kernel, "CT"))
     monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", forward)
     monkeypatch.setattr(triton_ops, "semicrf_train_kernel", train)
     for entry in (dispatch.PARTITION, dispatch.VITERBI):  # direct runners made earlier hold the kernels unspied
@@ -123,27 +124,13 @@ def test_chain_precision_per_route(monkeypatch):
             "max.train f32": lambda: case32.leaves().forward("max"), "viterbi f32": case32.viterbi}
     chains = {}
     for name, run in runs.items():
-        forward.chains.clear()
-        train.chains.clear()
+        forward.seen.clear()
+        train.seen.clear()
         run()
-        chains[name] = (forward.chains[:], train.chains[:])
+        chains[name] = (forward.seen[:], train.seen[:])
     assert chains == {"log.infer f32": ([tl.float32], []), "max.infer f32": ([tl.float32], []),
                       "log.infer f64": ([tl.float64], []), "log.train f32": ([], [tl.float64]),
                       "max.train f32": ([tl.float64], []), "viterbi f32": ([tl.float64], [])}
-
-
-class RingSpy:
-    """Stands in for the forward kernel and records ``REG_RING`` of every launch."""
-
-    def __init__(self, kernel):
-        self.kernel, self.flags = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **meta):
-            self.flags.append(meta["REG_RING"])
-            return self.kernel[grid](*args, **meta)
-
-        return launch
 
 
 def same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -160,7 +147,7 @@ def test_ring_in_registers_gives_the_values_of_the_ring_in_memory(monkeypatch, d
     rounding of its one warp's summation order)."""
     from provable_kernels.semicrf import dispatch
 
-    spy = RingSpy(triton_ops.semicrf_forward_kernel)
+    spy = LaunchSpy(triton_ops.semicrf_forward_kernel, "REG_RING")
     monkeypatch.setattr(triton_ops, "semicrf_forward_kernel", spy)
     case = make_case(B=3, T=7, K=3, C=3, proj_start=True, proj_end=True, variable=True).to(dtype, DEVICE)
     case.transition[0, 1] = float("-inf")  # a forbidden transition: -inf entries pass through the shift
@@ -172,11 +159,11 @@ def test_ring_in_registers_gives_the_values_of_the_ring_in_memory(monkeypatch, d
         return [case.forward("log"), case.forward("max"), path.scores, *path.padded(case.cum_scores.shape[1] - 1)]
 
     in_registers = run()
-    assert spy.flags == [True] * 3
-    spy.flags.clear()
+    assert spy.seen == [True] * 3
+    spy.seen.clear()
     monkeypatch.setattr(triton_ops, "register_ring", lambda plan: False)
     in_memory = run()
-    assert spy.flags == [False] * 3
+    assert spy.seen == [False] * 3
     for what, got, want in zip(("logZ", "max", "Viterbi score", "labels", "starts"), in_registers, in_memory):
         assert same_values(got, want), f"{what}: {got} against {want}"
     assert_close(in_registers[0], torch.tensor(oracle.log_partition(case.oracle_scores()), dtype=F64),
