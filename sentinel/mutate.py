@@ -23,7 +23,7 @@ run past its time limit (each route's, or the worker's) is killed too (reported 
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
 routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
-routes are dealt out over J workers and their coverage merged). A mutant on a line no route reaches survives (it
+routes are dealt out over J workers by their seconds in the family's CPU record, and their coverage merged). A mutant on a line no route reaches survives (it
 is listed as unreached: a case is missing). Module-level lines count for every route. ``--keep PATH`` keeps the
 unmutated run and each finished mutant's outcome, so that a run stopped part way goes on where it stopped while the
 family's and the verifier's sources, the routes, the seed and the versions of Python, torch, Triton and NumPy
@@ -445,11 +445,29 @@ class Kept:
         temporary.replace(self.path)
 
 
-def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int) -> Baseline:
-    """Run every route unmutated under coverage, the routes dealt out over ``scratches`` (run in parallel); raise
-    ``RuntimeError`` when it does not pass."""
+def recorded_seconds(family: str) -> dict[str, float]:
+    """Each route's seconds in the family's CPU verification record (its checks at every dtype; empty without a
+    record): what the unmutated run takes, roughly, route by route."""
+    from kernel_sentinel import records
+
+    path = records.record_path(family, {"type": "cpu"})
+    if not path.is_file():
+        return {}
+    seconds: dict[str, float] = {}
+    for route in records.load_record(path)["routes"]:
+        seconds[route["id"]] = seconds.get(route["id"], 0.0) + sum(c.get("seconds") or 0.0 for c in route["checks"])
+    return seconds
+
+
+def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str], seed: int,
+                 estimates: Optional[dict[str, float]] = None) -> Baseline:
+    """Run every route unmutated under coverage, the routes dealt out over ``scratches`` (run in parallel) by their
+    ``estimates`` of seconds (:func:`deal`; a route without one counts as the mean); raise ``RuntimeError`` when it
+    does not pass."""
     console.err.print(f"{family}: unmutated run of {len(routes)} routes under coverage")
-    groups = [list(routes[i::len(scratches)]) for i in range(len(scratches))]
+    known = [estimates[r] for r in routes if estimates and r in estimates]
+    mean = sum(known) / len(known) if known else 1.0
+    groups = deal(routes, {r: (estimates or {}).get(r, mean) for r in routes}, len(scratches))
 
     def one(scratch: Scratch, group: list[str]) -> dict:
         out = scratch.dir / "_baseline.json"
@@ -776,7 +794,8 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         store = Kept(args.keep, {"family": family.name, "sources": records.blob_ids(family.source_files()),
                                  "verifier": records.blob_ids(verifier), "routes": routes, "seed": args.seed,
                                  "versions": {**records.versions(), "numpy": numpy.__version__}})
-        baseline = store.baseline(lambda: run_baseline(made, family.name, routes, args.seed))
+        baseline = store.baseline(lambda: run_baseline(made, family.name, routes, args.seed,
+                                                       recorded_seconds(family.name)))
 
         def one(mutant: Mutant) -> Outcome:
             done = store.outcome(mutant)

@@ -122,6 +122,18 @@ def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverag
                             ["r1", "r2"], 0)
 
 
+def test_baseline_deals_the_routes_by_their_recorded_seconds(tmp_path):
+    """The unmutated run balances its workers by each route's seconds in the family's CPU record: the long route
+    gets a worker of its own."""
+    a, b = _FakeScratch(tmp_path / "a"), _FakeScratch(tmp_path / "b")
+    mutate.run_baseline([a, b], "fam", ["r1", "r2", "r3"], 0, {"r1": 1.0, "r2": 10.0, "r3": 1.0})
+    assert sorted([a.ran, b.ran]) == [["r1", "r3"], ["r2"]]
+    recorded = mutate.recorded_seconds("segment")
+    assert set(recorded) == {r.id for r in registry.select(["segment"])[0].routes()}
+    assert all(seconds > 0 for seconds in recorded.values())
+    assert mutate.recorded_seconds("no-such-family") == {}
+
+
 def test_kept_runs_go_on_where_they_stopped_only_for_the_same_key(tmp_path):
     path, runs = tmp_path / "kept.json", []
     mutant = mutate.find_mutants(SOURCE, "k.py")[0]
