@@ -21,16 +21,17 @@ check: the mutant is then *killed*. The cheap checks that most mutants fail (:da
 exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or
 run past its time limit (each route's, or the worker's) is killed too (reported as such).
 
-Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which
-routes reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the
-routes are dealt out over J workers by their seconds in the family's CPU record, and their coverage merged). A mutant on a line no route reaches survives (it
-is listed as unreached: a case is missing). Module-level lines count for every route. ``--keep PATH`` keeps the
-unmutated run and each finished mutant's outcome, so that a run stopped part way goes on where it stopped while the
-family's and the verifier's sources, the routes, the seed and the versions of Python, torch, Triton and NumPy
-are the same (a kept unmutated run vouches only for the environment it passed in). A survivor costs every check of
-every route it reaches (on the CPU, thousands of seconds for a line of a Triton kernel that every route runs):
-``--split-after S`` stops a mutant still running after S seconds on its one worker and, once the others are done,
-runs it again with its routes dealt out over all J workers, so that many cores end the run sooner.
+Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which routes
+reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the routes
+are dealt out over J workers by their seconds in the family's CPU record, and their coverage merged). A mutant on a
+line no route reaches survives (it is listed as unreached: a case is missing). Module-level lines count for every
+route. ``--keep PATH`` keeps the unmutated run and each finished mutant's outcome, so that a run stopped part way
+goes on where it stopped while the family's and the verifier's sources, the routes, the seed and the versions of
+Python, torch, Triton and NumPy are the same (a kept unmutated run vouches only for the environment it passed in). A
+survivor costs every check of every route it reaches (on the CPU, thousands of seconds for a line of a Triton kernel
+that every route runs): ``--split-after S`` stops a mutant still running after S seconds on its one worker and, once
+the others are done, runs it again with its routes dealt out over all J workers, so that many cores end the run
+sooner.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
