@@ -58,6 +58,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 # there: the worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together, in wall time
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0
 ROUTE_TIMEOUT = 3
+CANCELLED = 4  # the fork server's code for a worker stopped because another copy has already decided the mutant
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
 # a mutant's worker runs these on every route before the other checks: cheap (about a second a row on the CPU) and
 # the ones most mutants fail (a wrong value, an access outside an argument, an output left unwritten)
@@ -362,6 +364,11 @@ class Scratch:
         reply = json.loads(line)
         return reply["code"], reply["last"], reply["timed_out"]
 
+    def cancel(self) -> None:
+        """Stop the worker running now, if any: its request is answered with :data:`CANCELLED`."""
+        if self._server is not None and self._server.poll() is None:
+            os.kill(self._server.pid, signal.SIGUSR1)
+
     @contextlib.contextmanager
     def planted(self, file: str, pattern: str, old: str, new: str) -> Iterator[None]:
         """Inside the block, ``file`` (repo-relative) of the scratch copy holds the bug :func:`plant` makes."""
@@ -428,7 +435,8 @@ class Kept:
         return baseline
 
     def outcome(self, mutant: Mutant) -> Optional[Outcome]:
-        """The kept outcome of ``mutant``, if it finished in an earlier run."""
+        """The kept outcome of ``mutant``, if it finished in an earlier run (or ``unfinished``, if it ran past
+        ``--split-after`` on its one worker there)."""
         kept = self.outcomes.get(self.name(mutant))
         return None if kept is None else Outcome(mutant, kept["status"], kept["by"], kept["seconds"])
 
@@ -500,11 +508,19 @@ def deal(routes: Sequence[str], seconds: dict[str, float], groups: int) -> list[
     return dealt
 
 
+def decides(code: int, last: str, timed_out: bool, capped: bool) -> bool:
+    """Whether one copy's result settles its mutant as killed (a failed check, a crash or a hang), whatever the
+    other copies find."""
+    return code not in (0, CANCELLED) and not capped
+
+
 def run_mutant(scratches: Sequence[Scratch], family: str, mutant: Mutant, baseline: Baseline, seed: int,
                cap: Optional[float] = None) -> Outcome:
     """Plant ``mutant`` in each scratch copy, run the routes that reach it dealt out over them in parallel
     (:func:`deal`), restore the files. Killed when a group fails a check, crashed when one exits otherwise, timeout
-    when one runs past its limits, else survived. ``cap`` (one scratch copy): stop after that many seconds of wall
+    when one runs past its limits, else survived; the first group that settles the mutant (:func:`decides`) stops
+    the others, so a killed mutant costs the time of its fastest kill (which of killed, crashed or timeout is then
+    reported can depend on which group got there first; all three count as killed). ``cap`` (one scratch copy): stop after that many seconds of wall
     time and return ``unfinished`` (not an outcome: the mutant runs again, spread over more copies)."""
     routes = baseline.routes_for(mutant)
     if not routes:
@@ -523,13 +539,21 @@ def run_mutant(scratches: Sequence[Scratch], family: str, mutant: Mutant, baseli
         return code, last, timed_out, timed_out and capped
 
     start = time.perf_counter()
+    results = []
     try:
         with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
-            results = list(pool.map(one, scratches, groups))
+            running = {pool.submit(one, scratch, group): scratch for scratch, group in zip(scratches, groups)}
+            for future in concurrent.futures.as_completed(running):
+                results.append(future.result())
+                if decides(*results[-1]):  # the other copies' verdicts can no longer change the outcome
+                    for other, scratch in running.items():
+                        if not other.done():
+                            scratch.cancel()
     finally:
         for path in paths:
             path.write_text(original)
     seconds = time.perf_counter() - start
+    results = [r for r in results if r[0] != CANCELLED]
     for code, last, timed_out, capped in results:
         if code == 1 and not timed_out:
             return Outcome(mutant, "killed", last, seconds)
@@ -807,8 +831,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                 outcome = run_mutant([scratch], family.name, mutant, baseline, args.seed, cap=args.split_after)
             finally:
                 scratches.put(scratch)
-            if outcome.status != "unfinished":
-                store.add(outcome)
+            store.add(outcome)  # also unfinished: a run that goes on from the kept state spreads it at once
             return outcome
 
         def spread(mutant: Mutant) -> Outcome:  # every copy on this one mutant
@@ -911,10 +934,13 @@ def run(args: argparse.Namespace) -> int:
 
 def serve() -> int:
     """The fork server: for each JSON request ``{"argv", "timeout"}`` on stdin, fork, run :func:`worker` with
-    ``argv`` in the child (its output to a file), kill it past ``timeout`` seconds, and answer
-    ``{"code", "last", "timed_out"}`` (``code``: the exit code, negative for a signal) on stdout."""
-    import signal
+    ``argv`` in the child (its output to a file), kill it past ``timeout`` seconds or on SIGUSR1
+    (:meth:`Scratch.cancel`), and answer ``{"code", "last", "timed_out"}`` (``code``: the exit code, negative for a
+    signal, :data:`CANCELLED` when cancelled) on stdout."""
     import traceback
+
+    cancelled = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: cancelled.set())  # Scratch.cancel (first: a cancel never ends the server)
 
     import hypothesis  # noqa: F401  (warm imports shared by every fork)
     import torch  # noqa: F401
@@ -922,6 +948,7 @@ def serve() -> int:
 
     for line in sys.stdin:
         request = json.loads(line)
+        cancelled.clear()  # a cancel that came after the last answer was for that request
         handle, output = tempfile.mkstemp(prefix="sentinel-mutant-", suffix=".log")
         pid = os.fork()
         if pid == 0:
@@ -941,17 +968,17 @@ def serve() -> int:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or cancelled.is_set():
                 os.kill(pid, signal.SIGKILL)
                 _, status = os.waitpid(pid, 0)
-                timed_out = True
+                timed_out = not cancelled.is_set()
                 break
             time.sleep(0.05)
         text = Path(output).read_text(errors="replace").strip().splitlines()
         os.unlink(output)
         last = f"ran past {request['timeout']:.0f} s" if timed_out else (text[-1] if text else "(no output)")
-        print(json.dumps({"code": os.waitstatus_to_exitcode(status), "last": last, "timed_out": timed_out}),
-              flush=True)
+        code = CANCELLED if cancelled.is_set() else os.waitstatus_to_exitcode(status)
+        print(json.dumps({"code": code, "last": last, "timed_out": timed_out}), flush=True)
     return 0
 
 

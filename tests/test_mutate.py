@@ -3,10 +3,12 @@ reviewed-equivalents file, and a seeded sample of real mutants per family that t
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import json
+import os
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -172,6 +174,24 @@ class _PlantedScratch:
         self.timeouts.append(timeout)
         return next((self.answers[r] for r in routes if r in self.answers), (0, "4 routes pass", False))
 
+    def cancel(self):  # its worker answers at once: nothing to stop
+        pass
+
+
+class _SlowScratch(_PlantedScratch):
+    """A scratch whose worker runs until it is cancelled (or 60 s pass: then it passes)."""
+
+    def __init__(self, directory: Path):
+        super().__init__(directory, {})
+        self.stop = threading.Event()
+
+    def worker(self, family, routes, seed, timeout, route_limits=None):
+        super().worker(family, routes, seed, timeout, route_limits)
+        return (mutate.CANCELLED, "cancelled", False) if self.stop.wait(60) else (0, "passed", False)
+
+    def cancel(self):
+        self.stop.set()
+
 
 def test_a_mutant_spread_over_workers_runs_each_route_once_and_fails_when_one_group_fails(tmp_path):
     """``--split-after``: a mutant's routes dealt out over the copies (about equal unmutated seconds each), the bug
@@ -202,6 +222,51 @@ def test_a_mutant_spread_over_workers_runs_each_route_once_and_fails_when_one_gr
     assert run({"r2": (-9, "ran past 520 s", True)}, cap=1e6, copies=1)[0].status == "timeout"
 
 
+@pytest.mark.parametrize("verdict, status", [((1, "r1 float32 reference: off", False), "killed"),
+                                             ((-11, "Segmentation fault", False), "crashed"),
+                                             ((mutate.ROUTE_TIMEOUT, "r1: ran past 64 s (a hang?)", False), "timeout")])
+def test_the_first_group_that_settles_a_mutant_stops_the_others(tmp_path, verdict, status):
+    """A mutant killed by one group of its routes is settled: the groups still running are cancelled at once (a
+    cancelled group counts for nothing), so a killed mutant costs the time of its fastest kill."""
+    mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
+    baseline = mutate.Baseline({"k.py": {11: {"r1", "r2"}}}, {"r1": 1.0, "r2": 1.0})
+    fast, slow = _PlantedScratch(tmp_path / "fast", {"r1": verdict}), _SlowScratch(tmp_path / "slow")
+    start = time.perf_counter()
+    outcome = mutate.run_mutant([fast, slow], "fam", mutant, baseline, 0)
+    assert (outcome.status, outcome.by) == (status, verdict[1]) and slow.stop.is_set()
+    assert time.perf_counter() - start < 30 and fast.ran == ["r1"] and slow.ran == ["r2"]
+    assert (slow.dir / "k.py").read_text() == SOURCE == (fast.dir / "k.py").read_text()
+
+
+def _forked(scratch: mutate.Scratch) -> bool:
+    """Whether the scratch's fork server runs a worker now (Linux: its children in /proc)."""
+    server = scratch._server
+    return server is not None and bool(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split())
+
+
+def test_a_cancelled_fork_stops_and_the_server_runs_the_next_request():
+    """The fork server kills the worker it runs on ``Scratch.cancel`` and answers CANCELLED; a cancel that comes
+    while it is idle does not cancel the next request."""
+    scratch = mutate.Scratch(REPO_ROOT)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            # the segment family's slowest route: minutes under the interpreter, unless cancelled
+            running = pool.submit(scratch.worker, "segment", ["segment.triton.max.infer.blocked"], 0, 600.0)
+            deadline = time.monotonic() + 120
+            while not _forked(scratch) and time.monotonic() < deadline:
+                time.sleep(0.2)  # until the server has imported torch and forked the worker
+            start = time.perf_counter()
+            scratch.cancel()
+            code, last, timed_out = running.result(timeout=60)
+        assert (code, timed_out) == (mutate.CANCELLED, False) and time.perf_counter() - start < 30
+        scratch.cancel()  # idle: nothing to stop
+        time.sleep(0.5)
+        code, last, timed_out = scratch.worker("segment", ["no.such.route"], 0, 600.0)
+        assert code != mutate.CANCELLED and not timed_out, last
+    finally:
+        scratch.remove()
+
+
 def test_a_route_past_its_cpu_deadline_stops_the_block():
     with pytest.raises(mutate._RouteTimeout):
         with mutate._deadline(0.05):
@@ -226,14 +291,15 @@ FAMILIES = [f.name for f in registry.families()]
 def test_seeded_sample_of_real_mutants_is_killed(family, tmp_path):
     """Three seeded mutants of the family's PyTorch backend, in a scratch copy, each killed by the CPU verifier
     (the full measurement, Triton sources included, is `sentinel mutate --record`; see the site)."""
-    report = tmp_path / "mutants.json"
-    scratch = set(Path(tempfile.gettempdir()).glob("sentinel-mutate-*"))
+    report, scratch = tmp_path / "mutants.json", tmp_path / "tmp"  # its own temporary directory: others run too
+    scratch.mkdir()
     done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "mutate", "--family", family, "--files",
                            f"kernels/{family}/torch_ops.py", "--route", f"{family}.torch.*", "-n", "3", "--seed", "0",
                            "--min-kill", "100", "--jobs", "2", "--json", str(report)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stdout + done.stderr
     (summary,) = json.loads(report.read_text())
     assert summary["sampled"] == 3 and summary["killed"] == 3
     assert all(m["file"] == f"kernels/{family}/torch_ops.py" and m["by"] for m in summary["mutants"])
-    assert set(Path(tempfile.gettempdir()).glob("sentinel-mutate-*")) <= scratch, "scratch copies left behind"
+    assert not list(scratch.glob("sentinel-mutate-*")), "scratch copies left behind"
