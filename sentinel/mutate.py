@@ -520,8 +520,9 @@ def run_mutant(scratches: Sequence[Scratch], family: str, mutant: Mutant, baseli
     (:func:`deal`), restore the files. Killed when a group fails a check, crashed when one exits otherwise, timeout
     when one runs past its limits, else survived; the first group that settles the mutant (:func:`decides`) stops
     the others, so a killed mutant costs the time of its fastest kill (which of killed, crashed or timeout is then
-    reported can depend on which group got there first; all three count as killed). ``cap`` (one scratch copy): stop after that many seconds of wall
-    time and return ``unfinished`` (not an outcome: the mutant runs again, spread over more copies)."""
+    reported can depend on which group got there first; all three count as killed). ``cap`` (one scratch copy):
+    stop after that many seconds of wall time and return ``unfinished`` (not an outcome: the mutant runs again,
+    spread over more copies)."""
     routes = baseline.routes_for(mutant)
     if not routes:
         return Outcome(mutant, "unreached", "no route runs this line")
