@@ -250,9 +250,11 @@ def test_a_cancelled_fork_stops_and_the_server_runs_the_next_request(tmp_path, m
             deadline = time.monotonic() + 120
             while not list(tmp_path.glob("sentinel-mutant-*")) and time.monotonic() < deadline:
                 time.sleep(0.2)  # until the server has imported torch and forked the worker
+            forked = bool(list(tmp_path.glob("sentinel-mutant-*")))
             start = time.perf_counter()
-            scratch.cancel()
+            scratch.cancel()  # also when the worker never started: the with block then ends at once
             code, last, timed_out = running.result(timeout=60)
+        assert forked, "the fork server never started the worker"
         assert (code, timed_out) == (mutate.CANCELLED, False) and time.perf_counter() - start < 30
         scratch.cancel()  # idle: nothing to stop
         time.sleep(0.5)
