@@ -19,7 +19,7 @@ like ``sentinel verify --examples 2`` (every check at the default case sizes, ev
 cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
 check: the mutant is then *killed*. The cheap checks that most mutants fail (:data:`FIRST_PASS`: route, reference,
 exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or
-run past its time limit (each route's, or the worker's) is killed too (reported as such).
+run past its time limit (one kernel launch's, each route's, or the worker's) is killed too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which routes
 reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the routes
@@ -30,8 +30,9 @@ goes on where it stopped while the family's and the verifier's sources, the rout
 Python, torch, Triton and NumPy are the same (a kept unmutated run vouches only for the environment it passed in). A
 survivor costs every check of every route it reaches (on the CPU, thousands of seconds for a line of a Triton kernel
 that every route runs): ``--split-after S`` stops a mutant still running after S seconds on its one worker and, once
-the others are done, runs it again with its routes dealt out over all J workers, so that many cores end the run
-sooner.
+the others are done, runs it again, each of its routes on its own: the routes of all such mutants share the J
+workers (the longest first), the first route that kills a mutant stops its others, and a route that passes is
+kept, so that many cores end the run sooner and a stopped run loses little.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
@@ -78,6 +79,9 @@ OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 # each route of a mutant's worker may use, in each pass, 4x the CPU time of its unmutated run + 60 s (a hang ends
 # there: the worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together, in wall time
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0
+# and each kernel launch 4x the CPU time of the route's longest unmutated launch + 30 s: an endless loop in a kernel
+# ends there, not at the route's limit (minutes for a route that launches hundreds of kernels)
+LAUNCH_LIMIT_FLOOR = 30.0
 ROUTE_TIMEOUT = 3
 CANCELLED = 4  # the fork server's code for a worker stopped because another copy has already decided the mutant
 BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against hangs only: it sets every other limit)
@@ -342,14 +346,18 @@ class Scratch:
 
     def worker(self, family: str, routes: Sequence[str], seed: int, timeout: float,
                coverage_to: Optional[Path] = None, checks: Sequence[str] = (),
-               route_limits: Optional[dict[str, float]] = None) -> tuple[int, str, bool]:
-        """Run the worker on ``routes`` in a fork (only ``checks`` when given; each route within its seconds in
-        ``route_limits`` per pass when given); ``(exit code, last output line, timed out)``."""
+               route_limits: Optional[dict[str, float]] = None,
+               launch_limits: Optional[dict[str, float]] = None) -> tuple[int, str, bool]:
+        """Run the worker on ``routes`` in a fork (only ``checks`` when given; each route within its CPU seconds in
+        ``route_limits`` per pass, and each of its kernel launches within those in ``launch_limits``, when given);
+        ``(exit code, last output line, timed out)``."""
         argv = ["--family", family, "--seed", str(seed), "--route", *routes]
         if checks:
             argv += ["--check", *checks]
         if route_limits:
             argv += ["--route-limits", json.dumps(route_limits)]
+        if launch_limits:
+            argv += ["--launch-limits", json.dumps(launch_limits)]
         if coverage_to is not None:
             argv += ["--coverage", str(coverage_to)]
         if self._server is None or self._server.poll() is not None:
@@ -393,10 +401,12 @@ class Scratch:
 
 @dataclass
 class Baseline:
-    """The unmutated run: which routes reach each line, and how long each route took."""
+    """The unmutated run: which routes reach each line, how long each route took and its longest kernel launch (CPU
+    seconds)."""
 
     lines: dict[str, dict[int, set[str]]]
     seconds: dict[str, float]
+    launch_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each route's longest kernel launch
 
     def routes_for(self, mutant: Mutant) -> list[str]:
         reached = self.lines.get(mutant.file, {}).get(mutant.line, set())
@@ -427,23 +437,27 @@ class Kept:
         if data is not None:
             console.err.print(f"{self.key['family']}: the unmutated run kept in {self.path}")
             return Baseline({f: {int(n): set(r) for n, r in by.items()} for f, by in data["lines"].items()},
-                            data["seconds"])
+                            data["seconds"], data["launch_seconds"])
         baseline = run()
         lines = {f: {str(n): sorted(r) for n, r in by.items()} for f, by in baseline.lines.items()}
-        self.baseline_data = {"lines": lines, "seconds": baseline.seconds}
+        self.baseline_data = {"lines": lines, "seconds": baseline.seconds, "launch_seconds": baseline.launch_seconds}
         self._write()
         return baseline
 
     def outcome(self, mutant: Mutant) -> Optional[Outcome]:
         """The kept outcome of ``mutant``, if it finished in an earlier run (or ``unfinished``, if it ran past
-        ``--split-after`` on its one worker there)."""
+        ``--split-after`` on its one worker there, or was stopped while spread out)."""
         kept = self.outcomes.get(self.name(mutant))
         return None if kept is None else Outcome(mutant, kept["status"], kept["by"], kept["seconds"])
 
-    def add(self, outcome: Outcome) -> None:
+    def passed(self, mutant: Mutant) -> list[str]:
+        """The routes an unfinished ``mutant`` has passed (they need not run again)."""
+        return self.outcomes.get(self.name(mutant), {}).get("passed", [])
+
+    def add(self, outcome: Outcome, passed: Sequence[str] = ()) -> None:
         with self._lock:
             self.outcomes[self.name(outcome.mutant)] = {"status": outcome.status, "by": outcome.by,
-                                                        "seconds": round(outcome.seconds, 1)}
+                                                        "seconds": round(outcome.seconds, 1), "passed": list(passed)}
             self._write()
 
     def _write(self) -> None:
@@ -493,7 +507,8 @@ def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str
         for f, by_line in data["lines"].items():
             for n, reached in by_line.items():
                 lines.setdefault(f, {}).setdefault(int(n), set()).update(reached)
-    return Baseline(lines, {r: t for data in parts for r, t in data["seconds"].items()})
+    return Baseline(lines, {r: t for data in parts for r, t in data["seconds"].items()},
+                    {r: t for data in parts for r, t in data["launch_seconds"].items()})
 
 
 def deal(routes: Sequence[str], seconds: dict[str, float], groups: int) -> list[list[str]]:
@@ -508,65 +523,103 @@ def deal(routes: Sequence[str], seconds: dict[str, float], groups: int) -> list[
     return dealt
 
 
-def decides(code: int, last: str, timed_out: bool, capped: bool) -> bool:
-    """Whether one copy's result settles its mutant as killed (a failed check, a crash or a hang), whatever the
-    other copies find."""
+def decides(code: int, capped: bool) -> bool:
+    """Whether one group's result settles its mutant as killed (a failed check, a crash or a hang), whatever the
+    other groups find."""
     return code not in (0, CANCELLED) and not capped
 
 
-def run_mutant(scratches: Sequence[Scratch], family: str, mutant: Mutant, baseline: Baseline, seed: int,
-               cap: Optional[float] = None) -> Outcome:
-    """Plant ``mutant`` in each scratch copy, run the routes that reach it dealt out over them in parallel
-    (:func:`deal`), restore the files. Killed when a group fails a check, crashed when one exits otherwise, timeout
-    when one runs past its limits, else survived; the first group that settles the mutant (:func:`decides`) stops
-    the others, so a killed mutant costs the time of its fastest kill (which of killed, crashed or timeout is then
-    reported can depend on which group got there first; all three count as killed). ``cap`` (one scratch copy):
-    stop after that many seconds of wall time and return ``unfinished`` (not an outcome: the mutant runs again,
-    spread over more copies)."""
-    routes = baseline.routes_for(mutant)
-    if not routes:
-        return Outcome(mutant, "unreached", "no route runs this line")
-    groups = deal(routes, baseline.seconds, len(scratches))
-    paths = [scratch.dir / mutant.file for scratch in scratches[:len(groups)]]
-    original = paths[0].read_text()
-    for path in paths:
-        path.write_text(mutant.apply(original))
+class _InFlight:
+    """One mutant being run: its groups of routes, the results of those finished, and its outcome once settled."""
 
-    def one(scratch: Scratch, group: list[str]) -> tuple[int, str, bool, bool]:
-        limits = {r: TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.seconds[r] for r in group}
-        timeout = 2 * sum(limits.values())
-        capped = cap is not None and cap < timeout
-        code, last, timed_out = scratch.worker(family, group, seed, cap if capped else timeout, route_limits=limits)
-        return code, last, timed_out, timed_out and capped
+    def __init__(self, mutant: Mutant, groups: list[list[str]]):
+        self.mutant, self.groups, self.results = mutant, groups, []
+        self.passed: list[str] = []
+        self.start: Optional[float] = None
+        self.outcome: Optional[Outcome] = None
 
-    start = time.perf_counter()
-    results = []
-    try:
-        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
-            running = {pool.submit(one, scratch, group): scratch for scratch, group in zip(scratches, groups)}
-            for future in concurrent.futures.as_completed(running):
-                results.append(future.result())
-                if decides(*results[-1]):  # the other copies' verdicts can no longer change the outcome
-                    for other, scratch in running.items():
-                        if not other.done():
-                            scratch.cancel()
-    finally:
-        for path in paths:
-            path.write_text(original)
-    seconds = time.perf_counter() - start
-    results = [r for r in results if r[0] != CANCELLED]
-    for code, last, timed_out, capped in results:
-        if code == 1 and not timed_out:
-            return Outcome(mutant, "killed", last, seconds)
-    for code, last, timed_out, capped in results:
-        if code not in (0, ROUTE_TIMEOUT) and not timed_out:
-            return Outcome(mutant, "crashed", last, seconds)
-    for code, last, timed_out, capped in results:
-        if capped:
-            return Outcome(mutant, "unfinished", last, seconds)
-        if timed_out or code == ROUTE_TIMEOUT:
-            return Outcome(mutant, "timeout", last, seconds)
-    return Outcome(mutant, "survived", "", seconds)
+    def settle(self, last_decides: bool) -> Optional[Outcome]:
+        """The outcome, when the last result decides the mutant or every group has finished (else None): killed
+        when a group fails a check, crashed when one exits otherwise, timeout when one runs past its limits (all
+        three count as killed; which one is reported can depend on which group got there first), unfinished when
+        one stopped at the cap, else survived."""
+        if not last_decides and len(self.results) < len(self.groups):
+            return None
+        results = [r for r in self.results if r[0] != CANCELLED]
+        seconds = time.perf_counter() - (self.start or time.perf_counter())
+        for code, last, timed_out, capped in results:
+            if code == 1 and not timed_out:
+                return Outcome(self.mutant, "killed", last, seconds)
+        for code, last, timed_out, capped in results:
+            if code not in (0, ROUTE_TIMEOUT) and not timed_out:
+                return Outcome(self.mutant, "crashed", last, seconds)
+        for code, last, timed_out, capped in results:
+            if capped:
+                return Outcome(self.mutant, "unfinished", last, seconds)
+            if timed_out or code == ROUTE_TIMEOUT:
+                return Outcome(self.mutant, "timeout", last, seconds)
+        return Outcome(self.mutant, "survived", "", seconds)
+
+
+def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[Mutant, list[list[str]]]],
+                baseline: Baseline, seed: int, done: Callable[[Mutant, Optional[Outcome], list[str]], None],
+                cap: Optional[float] = None) -> None:
+    """Run each mutant of ``work`` as its groups of routes, every group of every mutant sharing ``scratches``: a
+    free copy takes the next group (the groups of the longest unmutated seconds first), plants its mutant, runs the
+    worker on the group's routes and restores the file. The first group that settles a mutant (:func:`decides`)
+    cancels its groups still running and drops those not started, so a killed mutant costs the time of its fastest
+    kill. ``cap``: a group still running after that many seconds stops, and its mutant is ``unfinished`` (not an
+    outcome: the mutant runs again, spread out). ``done(mutant, outcome, routes passed)`` as each group finishes
+    (``outcome`` None until the mutant settles: a run stopped part way keeps the routes passed so far)."""
+    flights = [_InFlight(mutant, groups) for mutant, groups in work]
+    tasks = sorted(((f, g) for f in flights for g in f.groups), key=lambda fg: -sum(baseline.seconds[r] for r in fg[1]))
+    free: queue.Queue[Scratch] = queue.Queue()
+    for scratch in scratches:
+        free.put(scratch)
+    running: dict[Scratch, _InFlight] = {}
+    lock = threading.Lock()
+
+    def one(flight: _InFlight, group: list[str]) -> None:
+        scratch = free.get()
+        try:
+            with lock:
+                if flight.outcome is not None:
+                    return
+                flight.start = flight.start or time.perf_counter()
+                running[scratch] = flight
+            limits = {r: TIME_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.seconds[r] for r in group}
+            launch = {r: LAUNCH_LIMIT_FLOOR + TIME_LIMIT_FACTOR * baseline.launch_seconds.get(r, 0.0) for r in group}
+            timeout = 2 * sum(limits.values())
+            capped = cap is not None and cap < timeout
+            path = scratch.dir / flight.mutant.file
+            original = path.read_text()
+            path.write_text(flight.mutant.apply(original))
+            try:
+                code, last, timed_out = scratch.worker(family, group, seed, cap if capped else timeout,
+                                                       route_limits=limits, launch_limits=launch)
+            finally:
+                path.write_text(original)
+                with lock:
+                    del running[scratch]
+        finally:
+            free.put(scratch)
+        with lock:
+            if flight.outcome is not None:
+                return
+            flight.results.append((code, last, timed_out, timed_out and capped))
+            if code == 0:
+                flight.passed += group
+            outcome = flight.settle(decides(code, timed_out and capped))
+            if outcome is not None:
+                flight.outcome = outcome
+                for other, busy in running.items():  # under the lock: each still runs this mutant's group
+                    if busy is flight:
+                        other.cancel()
+            done(flight.mutant, outcome, sorted(flight.passed))  # under the lock: in the order of the results
+
+    with concurrent.futures.ThreadPoolExecutor(len(scratches)) as pool:
+        for future in [pool.submit(one, flight, group) for flight, group in tasks]:
+            future.result()
 
 
 # ---------------------------------------------------------------------------------------------- the worker
@@ -619,13 +672,48 @@ def _deadline(seconds: Optional[float]) -> Iterator[None]:
         signal.signal(signal.SIGPROF, previous)
 
 
+class _LaunchWatch:
+    """In a worker: measures each route's longest kernel launch (CPU seconds) and, once ``limits`` holds a limit for
+    the route running, ends the worker with :data:`ROUTE_TIMEOUT` when a launch runs past it (an endless loop in a
+    kernel, which would otherwise run until the route's limit)."""
+
+    def __init__(self, limits: dict[str, float]):
+        from provable_kernels.launch import Launcher
+
+        self.limits, self.longest = limits, {}
+        self.route: Optional[str] = None
+        self.started: Optional[float] = None
+        original = Launcher.launch
+
+        def timed(launcher: Any, *args: Any, **kwargs: Any) -> None:
+            self.started = time.process_time()
+            try:
+                original(launcher, *args, **kwargs)
+            finally:
+                spent, self.started = time.process_time() - self.started, None
+                self.longest[self.route] = max(self.longest.get(self.route, 0.0), spent)
+
+        Launcher.launch = timed
+        if limits:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            started, limit = self.started, self.limits.get(self.route)
+            if started is not None and limit is not None and time.process_time() - started > limit:
+                print(f"{self.route}: a kernel launch ran past {limit:.0f} s (a hang?)", flush=True)
+                os._exit(ROUTE_TIMEOUT)
+
+
 def worker(argv: Sequence[str]) -> int:
     """Verify the routes like ``sentinel verify --examples 2`` at every dtype, stopping at the first failing check
     (the checks of :data:`FIRST_PASS` on every route first, except under coverage); exit 1 (printing ``route dtype
     check: detail``) when one fails, 0 when all pass. ``--coverage PATH``: record which route reaches which line of
-    the kernel library, and each route's CPU time, as JSON. ``--check NAME ...``: only these checks (a planted-bug test
-    that names the check it expects to fail). ``--route-limits``: each route's CPU seconds per pass; past them the
-    worker exits with :data:`ROUTE_TIMEOUT`."""
+    the kernel library, each route's CPU time and its longest kernel launch, as JSON. ``--check NAME ...``: only
+    these checks (a planted-bug test that names the check it expects to fail). ``--route-limits``: each route's CPU
+    seconds per pass, ``--launch-limits``: those of each of its kernel launches; past either the worker exits with
+    :data:`ROUTE_TIMEOUT`."""
     parser = argparse.ArgumentParser(prog="kernel_sentinel.mutate worker")
     parser.add_argument("--family", required=True)
     parser.add_argument("--route", nargs="+", required=True)
@@ -634,6 +722,8 @@ def worker(argv: Sequence[str]) -> int:
     parser.add_argument("--check", nargs="+", help="only these checks (default: all)")
     parser.add_argument("--route-limits", type=json.loads, default={},
                         help="JSON {route: seconds}: each route's CPU time per pass")
+    parser.add_argument("--launch-limits", type=json.loads, default={},
+                        help="JSON {route: seconds}: the CPU time of each of the route's kernel launches")
     args = parser.parse_args(argv)
 
     import warnings
@@ -655,6 +745,7 @@ def worker(argv: Sequence[str]) -> int:
     if args.check:
         options = dataclasses.replace(options, checks=tuple(args.check))
     seconds: dict[str, float] = {}
+    watch = _LaunchWatch(args.launch_limits)
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     # a mutant: the cheap checks of every route first (most mutants fail one), then the rest; the unmutated run
     # under coverage: route by route (each route's lines are its own coverage context)
@@ -664,7 +755,7 @@ def worker(argv: Sequence[str]) -> int:
         for route_id in args.route:
             if cov is not None:
                 cov.switch_context(route_id)
-            start = time.process_time()
+            watch.route, start = route_id, time.process_time()
             try:
                 with _deadline(args.route_limits.get(route_id)):
                     for dtype in family.dtypes:
@@ -693,7 +784,7 @@ def worker(argv: Sequence[str]) -> int:
             relative = Path(measured).resolve().relative_to(here).as_posix()
             by_line = data.contexts_by_lineno(measured)
             lines[relative] = {n: sorted(c if c else ALL_ROUTES for c in ctx) for n, ctx in by_line.items()}
-        args.coverage.write_text(json.dumps({"lines": lines, "seconds": seconds}))
+        args.coverage.write_text(json.dumps({"lines": lines, "seconds": seconds, "launch_seconds": watch.longest}))
     print(f"{len(args.route)} routes pass")
     return 0
 
@@ -811,10 +902,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     kept = [m for m in candidates if m.key not in equivalents]
     sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
                     key=lambda m: (m.file, m.start))
-    scratches: queue.Queue[Scratch] = queue.Queue()
-    made = [Scratch(repo) for _ in range(max(1, min(args.jobs, len(sample))))]
-    for s in made:
-        scratches.put(s)
+    made = [Scratch(repo) for _ in range(args.jobs)]
     try:
         verifier = sorted(p.relative_to(repo) for p in (repo / "sentinel").glob("*.py"))
         store = Kept(args.keep, {"family": family.name, "sources": records.blob_ids(family.source_files()),
@@ -823,27 +911,9 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         baseline = store.baseline(lambda: run_baseline(made, family.name, routes, args.seed,
                                                        recorded_seconds(family.name)))
 
-        def one(mutant: Mutant) -> Outcome:
-            done = store.outcome(mutant)
-            if done is not None:
-                return done
-            scratch = scratches.get()
-            try:
-                outcome = run_mutant([scratch], family.name, mutant, baseline, args.seed, cap=args.split_after)
-            finally:
-                scratches.put(scratch)
-            store.add(outcome)  # also unfinished: a run that goes on from the kept state spreads it at once
-            return outcome
-
-        def spread(mutant: Mutant) -> Outcome:  # every copy on this one mutant
-            outcome = run_mutant(made, family.name, mutant, baseline, args.seed)
-            store.add(outcome)
-            return outcome
-
         outcomes: list[Outcome] = []
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console.err) as progress, \
-                concurrent.futures.ThreadPoolExecutor(len(made)) as pool:
+        with Progress(*columns, console=console.err) as progress:
             task = progress.add_task(f"mutate {family.name}", total=len(sample))
 
             def report(outcome: Outcome) -> None:
@@ -854,17 +924,28 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                 killed = sum(o.killed for o in outcomes)
                 progress.update(task, advance=1, description=f"mutate {family.name}: {killed}/{len(outcomes)} killed")
 
-            unfinished = []
-            for outcome in pool.map(one, sample):
-                if outcome.status == "unfinished":
-                    unfinished.append(outcome.mutant)
-                else:
+            def done(mutant: Mutant, outcome: Optional[Outcome], passed: list[str]) -> None:
+                store.add(outcome or Outcome(mutant, "unfinished", "stopped while spread out"), passed)
+                if outcome is not None and outcome.status != "unfinished":
                     report(outcome)
-            if unfinished:
-                progress.console.print(f"{len(unfinished)} mutants still running after {args.split_after:g} s: each "
-                                       f"again, its routes dealt out over {len(made)} workers", highlight=False)
-            for mutant in unfinished:
-                report(spread(mutant))
+
+            first = []
+            for mutant in sample:
+                kept_outcome = store.outcome(mutant)
+                if kept_outcome is None and not baseline.routes_for(mutant):
+                    done(mutant, Outcome(mutant, "unreached", "no route runs this line"), [])
+                elif kept_outcome is None:
+                    first.append((mutant, [baseline.routes_for(mutant)]))
+                elif kept_outcome.status != "unfinished":
+                    report(kept_outcome)
+            run_mutants(made, family.name, first, baseline, args.seed, done, cap=args.split_after)
+            late = [m for m in sample if store.outcome(m).status == "unfinished"]
+            if late:
+                progress.console.print(f"{len(late)} mutants unfinished: each route of each on its own, over "
+                                       f"{len(made)} workers", highlight=False)
+            run_mutants(made, family.name,
+                        [(m, [[r] for r in baseline.routes_for(m) if r not in store.passed(m)]) for m in late],
+                        baseline, args.seed, done)
     finally:
         for s in made:
             s.remove()

@@ -109,7 +109,8 @@ class _FakeScratch:
     def worker(self, family, routes, seed, timeout, coverage_to=None):
         self.ran += routes
         coverage_to.write_text(json.dumps({"lines": {"k.py": {"3": list(routes), "1": [mutate.ALL_ROUTES]}},
-                                           "seconds": dict.fromkeys(routes, 1.0)}))
+                                           "seconds": dict.fromkeys(routes, 1.0),
+                                           "launch_seconds": dict.fromkeys(routes, 0.25)}))
         return (1, "route r2 float32 reference: off", False) if self.fails else (0, "", False)
 
 
@@ -119,6 +120,7 @@ def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverag
     assert sorted(a.ran + b.ran) == ["r1", "r2", "r3"] and a.ran and b.ran
     assert baseline.lines == {"k.py": {3: {"r1", "r2", "r3"}, 1: {mutate.ALL_ROUTES}}}
     assert baseline.seconds == dict.fromkeys(["r1", "r2", "r3"], 1.0)
+    assert baseline.launch_seconds == dict.fromkeys(["r1", "r2", "r3"], 0.25)
     with pytest.raises(RuntimeError, match="unmutated run of fam fails.*reference: off"):
         mutate.run_baseline([_FakeScratch(tmp_path / "c"), _FakeScratch(tmp_path / "d", fails=True)], "fam",
                             ["r1", "r2"], 0)
@@ -168,7 +170,7 @@ class _PlantedScratch:
         (directory / "k.py").write_text(SOURCE)
         self.dir, self.answers, self.ran, self.seen, self.timeouts = directory, answers, [], [], []
 
-    def worker(self, family, routes, seed, timeout, route_limits=None):
+    def worker(self, family, routes, seed, timeout, route_limits=None, launch_limits=None):
         self.ran += routes
         self.seen.append((self.dir / "k.py").read_text())
         self.timeouts.append(timeout)
@@ -179,43 +181,56 @@ class _PlantedScratch:
 
 
 class _SlowScratch(_PlantedScratch):
-    """A scratch whose worker runs until it is cancelled (or 60 s pass: then it passes)."""
+    """A scratch that answers like a :class:`_PlantedScratch` for the routes named in ``answers``; on the others its
+    worker runs until it is cancelled (or 60 s pass: then it passes)."""
 
-    def __init__(self, directory: Path):
-        super().__init__(directory, {})
+    def __init__(self, directory: Path, answers: dict):
+        super().__init__(directory, answers)
         self.stop = threading.Event()
 
-    def worker(self, family, routes, seed, timeout, route_limits=None):
-        super().worker(family, routes, seed, timeout, route_limits)
+    def worker(self, family, routes, seed, timeout, route_limits=None, launch_limits=None):
+        answer = super().worker(family, routes, seed, timeout, route_limits, launch_limits)
+        if any(r in self.answers for r in routes):
+            return answer
         return (mutate.CANCELLED, "cancelled", False) if self.stop.wait(60) else (0, "passed", False)
 
     def cancel(self):
         self.stop.set()
 
 
+def _run(scratches, work, baseline, cap=None) -> tuple[dict, list]:
+    """``mutate.run_mutants`` on ``work``: ``({mutant: outcome}, every (mutant, outcome, passed) reported)``."""
+    reports = []
+    mutate.run_mutants(scratches, "fam", work, baseline, 0, lambda *r: reports.append(r), cap=cap)
+    return {m: o for m, o, _ in reports if o is not None}, reports
+
+
 def test_a_mutant_spread_over_workers_runs_each_route_once_and_fails_when_one_group_fails(tmp_path):
-    """``--split-after``: a mutant's routes dealt out over the copies (about equal unmutated seconds each), the bug
-    planted in every copy and removed after; killed when any group fails; a run stopped at the cap is unfinished,
-    not a timeout (which counts as killed)."""
+    """``--split-after``: a mutant's groups of routes run over the copies, the bug planted in each copy only while
+    that copy runs it; killed when any group fails; a run stopped at the cap is unfinished, not a timeout (which
+    counts as killed); each group that passes is reported with the routes passed so far."""
     assert mutate.deal(["a", "b", "c", "d"], {"a": 4.0, "b": 3.0, "c": 2.0, "d": 1.0}, 2) == [["a", "d"], ["b", "c"]]
     assert mutate.deal(["a"], {"a": 1.0}, 3) == [["a"]]
     mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
     routes = ["r1", "r2", "r3", "r4"]
     baseline = mutate.Baseline({"k.py": {11: set(routes)}}, dict.fromkeys(routes, 1.0))
 
-    def run(answers: dict, cap=None, copies: int = 2) -> tuple[mutate.Outcome, list]:
+    def run(answers: dict, cap=None, copies: int = 2) -> tuple[mutate.Outcome, list, list]:
         scratches = [_PlantedScratch(tmp_path / f"{len(list(tmp_path.iterdir()))}", answers) for _ in range(copies)]
-        outcome = mutate.run_mutant(scratches, "fam", mutant, baseline, 0, cap=cap)
+        groups = mutate.deal(routes, baseline.seconds, copies)
+        outcomes, reports = _run(scratches, [(mutant, groups)], baseline, cap)
         for scratch in scratches:
-            assert scratch.seen == [mutant.apply(SOURCE)] and (scratch.dir / "k.py").read_text() == SOURCE
-        return outcome, scratches
+            assert set(scratch.seen) <= {mutant.apply(SOURCE)} and (scratch.dir / "k.py").read_text() == SOURCE
+        return outcomes[mutant], scratches, reports
 
-    survived, scratches = run({})
+    survived, scratches, reports = run({})
     assert survived.status == "survived" and sorted(r for s in scratches for r in s.ran) == routes
-    assert all(len(s.ran) == 2 for s in scratches)
+    assert [(o, p) for _, o, p in reports] == [(None, ["r1", "r3"]), (survived, routes)] or \
+        [(o, p) for _, o, p in reports] == [(None, ["r2", "r4"]), (survived, routes)]
     assert run({"r3": (1, "r3 float32 reference: off", False)})[0].status == "killed"
-    assert run({"r3": (1, "r3 float32 reference: off", False), "r2": (-9, "ran past 5 s", True)})[0].status == \
-        "killed"
+    # two groups settle it: the first to finish names the outcome, killed either way
+    assert run({"r3": (1, "r3 float32 reference: off", False), "r2": (-9, "ran past 5 s", True)})[0].status in \
+        ("killed", "timeout")
     assert run({"r2": (-11, "Segmentation fault", False)})[0].status == "crashed"
     assert run({"r2": (mutate.ROUTE_TIMEOUT, "r2: ran past 64 s (a hang?)", False)})[0].status == "timeout"
     assert run({"r2": (-9, "ran past 5 s", True)}, cap=5.0, copies=1)[0].status == "unfinished"
@@ -229,13 +244,41 @@ def test_the_first_group_that_settles_a_mutant_stops_the_others(tmp_path, verdic
     """A mutant killed by one group of its routes is settled: the groups still running are cancelled at once (a
     cancelled group counts for nothing), so a killed mutant costs the time of its fastest kill."""
     mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
-    baseline = mutate.Baseline({"k.py": {11: {"r1", "r2"}}}, {"r1": 1.0, "r2": 1.0})
-    fast, slow = _PlantedScratch(tmp_path / "fast", {"r1": verdict}), _SlowScratch(tmp_path / "slow")
+    baseline = mutate.Baseline({"k.py": {11: {"r1", "r2"}}}, {"r1": 1.0, "r2": 2.0})
+    copies = [_SlowScratch(tmp_path / name, {"r1": verdict}) for name in ("a", "b")]  # r2 runs until cancelled
     start = time.perf_counter()
-    outcome = mutate.run_mutant([fast, slow], "fam", mutant, baseline, 0)
-    assert (outcome.status, outcome.by) == (status, verdict[1]) and slow.stop.is_set()
-    assert time.perf_counter() - start < 30 and fast.ran == ["r1"] and slow.ran == ["r2"]
-    assert (slow.dir / "k.py").read_text() == SOURCE == (fast.dir / "k.py").read_text()
+    outcomes, _ = _run(copies, [(mutant, [["r1"], ["r2"]])], baseline)
+    assert (outcomes[mutant].status, outcomes[mutant].by) == (status, verdict[1])
+    (slow,) = [s for s in copies if s.ran == ["r2"]]
+    assert slow.stop.is_set() and time.perf_counter() - start < 30
+    assert sorted(r for s in copies for r in s.ran) == ["r1", "r2"]
+    assert all((s.dir / "k.py").read_text() == SOURCE for s in copies)
+
+
+def test_the_groups_of_every_mutant_share_the_copies_and_a_settled_mutant_starts_no_more(tmp_path):
+    """Spread mutants run together: a free copy takes the next group of any mutant (the longest routes first), so
+    one slow route does not hold the other copies idle; a mutant killed by its first group never starts the rest."""
+    by_line = {}
+    for m in mutate.find_mutants(SOURCE, "k.py"):
+        by_line.setdefault(m.line, m)
+    doomed, other = by_line[11], by_line[12]
+    baseline = mutate.Baseline({"k.py": {11: {"a", "b", "c"}, 12: {"x", "y"}}},
+                               {"a": 5.0, "b": 1.0, "c": 1.0, "x": 4.0, "y": 3.0})
+    scratch = _PlantedScratch(tmp_path / "one", {"a": (1, "a float32 reference: off", False)})
+    outcomes, reports = _run([scratch], [(doomed, [["a"], ["b"], ["c"]]), (other, [["x"], ["y"]])], baseline)
+    assert scratch.ran == ["a", "x", "y"]  # longest first; b and c never ran
+    assert outcomes[doomed].status == "killed" and outcomes[other].status == "survived"
+    assert scratch.seen == [doomed.apply(SOURCE), other.apply(SOURCE), other.apply(SOURCE)]
+    assert (scratch.dir / "k.py").read_text() == SOURCE
+
+
+def test_a_kept_unfinished_mutant_keeps_the_routes_it_passed(tmp_path):
+    mutant = mutate.find_mutants(SOURCE, "k.py")[0]
+    key = {"family": "fam", "sources": {}, "verifier": {}, "routes": ["r1", "r2"], "seed": 0}
+    mutate.Kept(tmp_path / "kept.json", key).add(mutate.Outcome(mutant, "unfinished", "stopped"), ["r2"])
+    again = mutate.Kept(tmp_path / "kept.json", key)
+    assert again.outcome(mutant).status == "unfinished" and again.passed(mutant) == ["r2"]
+    assert mutate.Kept(tmp_path / "other.json", key).passed(mutant) == []
 
 
 def test_a_cancelled_fork_stops_and_the_server_runs_the_next_request(tmp_path, monkeypatch):
@@ -260,6 +303,24 @@ def test_a_cancelled_fork_stops_and_the_server_runs_the_next_request(tmp_path, m
         time.sleep(0.5)
         code, last, timed_out = scratch.worker("segment", ["no.such.route"], 0, 600.0)
         assert code != mutate.CANCELLED and not timed_out, last
+    finally:
+        scratch.remove()
+
+
+def test_a_kernel_launch_past_its_limit_ends_the_worker_as_a_hang():
+    """An endless loop inside one kernel launch ends the worker at the launch's limit (seconds), not at its route's
+    (minutes for a route of hundreds of launches)."""
+    route = "segment.triton.sum.train.ids"
+    scratch = mutate.Scratch(REPO_ROOT)
+    try:
+        with scratch.planted("kernels/segment/triton_segment.py", r"lo, hi = tl\.where\(c > 0, last \+ 1, lo\).*",
+                             "tl.where(c > 0, last + 1, lo)", "lo"):  # the search's lower end never moves
+            start = time.perf_counter()
+            code, last, timed_out = scratch.worker("segment", [route], 0, 600.0, route_limits={route: 500.0},
+                                                   launch_limits={route: 3.0})
+        assert (code, timed_out) == (mutate.ROUTE_TIMEOUT, False), last
+        assert last == f"{route}: a kernel launch ran past 3 s (a hang?)"
+        assert time.perf_counter() - start < 120
     finally:
         scratch.remove()
 

@@ -205,6 +205,11 @@ PLANTED_RACES = {
         "segment", "kernels/segment/triton_segment.py",
         r"found = tl\.minimum\(tl\.maximum\(found, 0\), tl\.maximum\(S - 1, 0\)\)", "S - 1", "S + 1",
         ["segment.triton.sum.train.ids"]),
+    "segment writes the ids form's bounds from every column block, not only the first (equal values: only the "
+    "one-writer rule sees it)": (
+        "segment", "kernels/segment/triton_segment.py", r"writes = \(sg < S\) & _block\(tl\.program_id\(1\) == 0, sg\)",
+        "writes = (sg < S) & _block(tl.program_id(1) == 0, sg)", "writes = (sg < S)",
+        ["segment.triton.sum.infer.one_block"]),
 }
 
 

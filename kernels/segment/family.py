@@ -42,9 +42,10 @@ ALL = "segment.*"
 
 # A problem: segment lengths (zeros are empty segments), trailing dims of x, integer-valued data (ties) or N(0, 1),
 # and ``sign``: all upstream weights +-1 (0: random). ``short``: the lengths of one-pass routes (``lengths``: a
-# long segment, fit adds one of two chunks).
+# long segment, fit adds one of two chunks). ``wide``: the trailing dims of the one-pass sum, two column blocks (the
+# ids form's bounds must be written by the first block alone: memory's one-writer rule).
 SIZES = {"small": dict(lengths=(3, 0, 25, 0, 1, 17, 0), short=(3, 0, 5, 4), trailing=(2, 2)),
-         "tiny": dict(lengths=(3, 0, 14, 0, 4), short=(2, 0, 3), trailing=(2,))}
+         "tiny": dict(lengths=(3, 0, 14, 0, 4), short=(2, 0, 3), trailing=(2,), wide=(triton_ops.MAX_BLOCK_D + 1,))}
 
 
 def _path(route_id: str) -> dict[str, str]:
@@ -64,6 +65,11 @@ def _sibling(route_id: str, **outcomes: str) -> str:
     return next(r.id for r in TREE.routes() if TREE.path_to(r.id) == want)
 
 
+def spanning_rows(device: torch.device) -> int:
+    """Rows of a segment cut into two chunks on ``device``, the second of one row."""
+    return triton_ops.sizes(1, device).min_chunk + 1
+
+
 def fitted(route_id: str, lengths: tuple[int, ...], device: torch.device) -> tuple[int, ...]:
     """``lengths`` adjusted to the route's shape regime on ``device``: trimmed to at most its short rows for
     one_block routes, extended by a segment that spans two chunks otherwise."""
@@ -73,15 +79,17 @@ def fitted(route_id: str, lengths: tuple[int, ...], device: torch.device) -> tup
             out.append(min(n, room))
             room -= out[-1]
         return tuple(out)
-    return tuple(lengths) + (triton_ops.spanning_rows(device),)  # two chunks, the second of one row
+    return tuple(lengths) + (spanning_rows(device),)  # two chunks, the second of one row
 
 
 def fit(route_id: str, p: Any, device: torch.device) -> dict:
-    """Lengths fitted to the route (a size's ``short`` ones on one-pass routes); integer data on max / min routes
-    unless the problem says."""
-    lengths = p.short if _one_block(route_id) and "short" in p else p.lengths
-    return dict(p, lengths=fitted(route_id, lengths, device),
-                integers=p.get("integers", _path(route_id)["reduce"] in ADJOINTS))
+    """Lengths fitted to the route (a size's ``short`` ones on one-pass routes, its ``wide`` trailing dims on the
+    one-pass sum); integer data on max / min routes unless the problem says."""
+    one_block, reduce = _one_block(route_id), _path(route_id)["reduce"]
+    lengths = p.short if one_block and "short" in p else p.lengths
+    wide = one_block and reduce == "sum" and "wide" in p  # the bounds are written alike for every reduction
+    return dict(p, lengths=fitted(route_id, lengths, device), trailing=p.wide if wide else p.trailing,
+                integers=p.get("integers", reduce in ADJOINTS))
 
 
 def _index(form: str, lengths: list[int]) -> dict[str, torch.Tensor]:
@@ -346,7 +354,7 @@ NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*"
 def _rows_one_past_fan(case: Any) -> dict:
     """One-row segments before the two-chunk one, N = 1 (mod FAN) rows in all: the FAN-ary searches over N ids
     meet a window of FAN k + 1, whose step must round up (or the last id, the last segment's last row, is lost)."""
-    ones = (1 - triton_ops.spanning_rows(case.device)) % FAN.value + FAN.value
+    ones = (1 - spanning_rows(case.device)) % FAN.value + FAN.value
     return {"lengths": fitted(case.route_id, (1,) * ones, case.device)}
 
 

@@ -107,11 +107,6 @@ def short_rows(device: torch.device) -> int:
     return sizes(1, device).short_rows
 
 
-def spanning_rows(device: torch.device) -> int:
-    """Rows of a segment cut into two chunks on ``device``, the second of one row (verification cases)."""
-    return sizes(1, device).min_chunk + 1
-
-
 def one_block(N: int, device: torch.device) -> bool:
     """True when no segment can be long (N <= short rows): no workspace."""
     return N <= short_rows(device)
