@@ -672,38 +672,38 @@ def _deadline(seconds: Optional[float]) -> Iterator[None]:
         signal.signal(signal.SIGPROF, previous)
 
 
+class _LaunchTimeout(_RouteTimeout):
+    """A kernel launch ran past its limit (an endless loop in a kernel)."""
+
+
 class _LaunchWatch:
-    """In a worker: measures each route's longest kernel launch (CPU seconds) and, once ``limits`` holds a limit for
-    the route running, ends the worker with :data:`ROUTE_TIMEOUT` when a launch runs past it (an endless loop in a
-    kernel, which would otherwise run until the route's limit)."""
+    """In a worker: measures each route's longest kernel launch (CPU seconds) and, when ``limits`` holds a limit for
+    the route running, raises :class:`_LaunchTimeout` in a launch past it (user CPU time, ``ITIMER_VIRTUAL``: a
+    timer apart from the route's deadline), so an endless loop in a kernel ends there, not at its route's limit."""
 
     def __init__(self, limits: dict[str, float]):
         from provable_kernels.launch import Launcher
 
         self.limits, self.longest = limits, {}
         self.route: Optional[str] = None
-        self.started: Optional[float] = None
         original = Launcher.launch
 
         def timed(launcher: Any, *args: Any, **kwargs: Any) -> None:
-            self.started = time.process_time()
+            limit, start = self.limits.get(self.route), time.process_time()
+            if limit:
+                signal.setitimer(signal.ITIMER_VIRTUAL, limit)
             try:
                 original(launcher, *args, **kwargs)
             finally:
-                spent, self.started = time.process_time() - self.started, None
-                self.longest[self.route] = max(self.longest.get(self.route, 0.0), spent)
+                if limit:
+                    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+                self.longest[self.route] = max(self.longest.get(self.route, 0.0), time.process_time() - start)
+
+        def expire(signum: int, frame: Any) -> None:
+            raise _LaunchTimeout(f"a kernel launch ran past {self.limits[self.route]:.0f} s")
 
         Launcher.launch = timed
-        if limits:
-            threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.5)
-            started, limit = self.started, self.limits.get(self.route)
-            if started is not None and limit is not None and time.process_time() - started > limit:
-                print(f"{self.route}: a kernel launch ran past {limit:.0f} s (a hang?)", flush=True)
-                os._exit(ROUTE_TIMEOUT)
+        signal.signal(signal.SIGVTALRM, expire)
 
 
 def worker(argv: Sequence[str]) -> int:
@@ -772,8 +772,9 @@ def worker(argv: Sequence[str]) -> int:
                                 print(f"{route_id} {str(dtype).removeprefix('torch.')} {name}: "
                                       f"{' '.join(detail.split())[:300]}")
                                 return 1
-            except _RouteTimeout:
-                print(f"{route_id}: ran past {args.route_limits[route_id]:.0f} s (a hang?)")
+            except _RouteTimeout as exc:
+                print(f"{route_id}: {exc.args[0] if exc.args else f'ran past {args.route_limits[route_id]:.0f} s'} "
+                      f"(a hang?)")
                 return ROUTE_TIMEOUT
             seconds[route_id] = seconds.get(route_id, 0.0) + time.process_time() - start
     if cov is not None:
