@@ -79,8 +79,8 @@ OPERATORS = ("comparison", "off-by-one", "swap", "mask", "reduction", "sign")
 # each route of a mutant's worker may use, in each pass, 4x the CPU time of its unmutated run + 60 s (a hang ends
 # there: the worker exits with ROUTE_TIMEOUT); the whole worker twice the routes' limits together, in wall time
 TIME_LIMIT_FACTOR, TIME_LIMIT_FLOOR = 4.0, 60.0
-# and each kernel launch 4x the CPU time of the route's longest unmutated launch + 30 s: an endless loop in a kernel
-# ends there, not at the route's limit (minutes for a route that launches hundreds of kernels)
+# and each kernel launch 4x the CPU time of the route's longest unmutated launch + 30 s of user CPU time: an endless
+# loop in a kernel ends there, not at the route's limit (minutes for a route that launches hundreds of kernels)
 LAUNCH_LIMIT_FLOOR = 30.0
 ROUTE_TIMEOUT = 3
 CANCELLED = 4  # the fork server's code for a worker stopped because another copy has already decided the mutant
@@ -361,19 +361,23 @@ class Scratch:
         if coverage_to is not None:
             argv += ["--coverage", str(coverage_to)]
         if self._server is None or self._server.poll() is not None:
+            # a session of its own: a signal to the run's process group (Ctrl-C, `timeout`) stops the run, not the
+            # server's worker, whose death would pass for the mutant's; the server ends itself once the run is gone
             self._server = subprocess.Popen([sys.executable, "-m", "kernel_sentinel.mutate", "serve"],
                                             env=self.env(), cwd=self.dir, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                            start_new_session=True)
         self._server.stdin.write(json.dumps({"argv": argv, "timeout": timeout}) + "\n")
         self._server.stdin.flush()
         line = self._server.stdout.readline()
-        if not line:
-            return -1, "the fork server exited", False
+        if not line:  # killed from outside (the machine's OOM killer): no verdict on the mutant
+            raise RuntimeError(f"the fork server of {self.dir} exited without answering")
         reply = json.loads(line)
         return reply["code"], reply["last"], reply["timed_out"]
 
     def cancel(self) -> None:
-        """Stop the worker running now, if any: its request is answered with :data:`CANCELLED`."""
+        """Stop the worker running now, if any: its request is answered with :data:`CANCELLED` (a cancel that comes
+        before the server has read the request is dropped: that request runs to its end, its result ignored)."""
         if self._server is not None and self._server.poll() is None:
             os.kill(self._server.pid, signal.SIGUSR1)
 
@@ -455,9 +459,12 @@ class Kept:
         return self.outcomes.get(self.name(mutant), {}).get("passed", [])
 
     def add(self, outcome: Outcome, passed: Sequence[str] = ()) -> None:
+        """Keep ``outcome`` and the routes the mutant has passed (with those kept before: a route passed in an
+        earlier sitting stays passed)."""
         with self._lock:
+            passed = sorted(set(self.passed(outcome.mutant)) | set(passed))
             self.outcomes[self.name(outcome.mutant)] = {"status": outcome.status, "by": outcome.by,
-                                                        "seconds": round(outcome.seconds, 1), "passed": list(passed)}
+                                                        "seconds": round(outcome.seconds, 1), "passed": passed}
             self._write()
 
     def _write(self) -> None:
@@ -569,21 +576,23 @@ def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[
     worker on the group's routes and restores the file. The first group that settles a mutant (:func:`decides`)
     cancels its groups still running and drops those not started, so a killed mutant costs the time of its fastest
     kill. ``cap``: a group still running after that many seconds stops, and its mutant is ``unfinished`` (not an
-    outcome: the mutant runs again, spread out). ``done(mutant, outcome, routes passed)`` as each group finishes
-    (``outcome`` None until the mutant settles: a run stopped part way keeps the routes passed so far)."""
+    outcome: the mutant runs again, spread out). ``done(mutant, outcome, routes passed)`` as each of a mutant's
+    groups finishes until it settles (``outcome`` None until then: a run stopped part way keeps the routes passed so
+    far); groups finishing after that are ignored. A group that raises (a fork server killed from outside) stops
+    every group and the error propagates: no verdict is made up."""
     flights = [_InFlight(mutant, groups) for mutant, groups in work]
     tasks = sorted(((f, g) for f in flights for g in f.groups), key=lambda fg: -sum(baseline.seconds[r] for r in fg[1]))
     free: queue.Queue[Scratch] = queue.Queue()
     for scratch in scratches:
         free.put(scratch)
     running: dict[Scratch, _InFlight] = {}
-    lock = threading.Lock()
+    lock, failed = threading.Lock(), threading.Event()
 
     def one(flight: _InFlight, group: list[str]) -> None:
         scratch = free.get()
         try:
             with lock:
-                if flight.outcome is not None:
+                if flight.outcome is not None or failed.is_set():
                     return
                 flight.start = flight.start or time.perf_counter()
                 running[scratch] = flight
@@ -604,7 +613,7 @@ def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[
         finally:
             free.put(scratch)
         with lock:
-            if flight.outcome is not None:
+            if flight.outcome is not None or failed.is_set():
                 return
             flight.results.append((code, last, timed_out, timed_out and capped))
             if code == 0:
@@ -618,7 +627,14 @@ def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[
             done(flight.mutant, outcome, sorted(flight.passed))  # under the lock: in the order of the results
 
     with concurrent.futures.ThreadPoolExecutor(len(scratches)) as pool:
-        for future in [pool.submit(one, flight, group) for flight, group in tasks]:
+        futures = [pool.submit(one, flight, group) for flight, group in tasks]
+        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if any(f.done() and f.exception() for f in futures):  # no verdict can be trusted: stop every group
+            with lock:
+                failed.set()
+                for scratch in running:
+                    scratch.cancel()
+        for future in futures:
             future.result()
 
 
@@ -864,9 +880,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="exit 1 when a family's kill rate is under P percent")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="mutants run in parallel (default 1)")
     p.add_argument("--split-after", type=float, metavar="S",
-                   help="stop a mutant still running after S seconds on one job, and run it again after the others "
-                        "with its routes dealt out over every job (survivors run every check of every route they "
-                        "reach: on many cores this ends a run sooner; default: never)")
+                   help="stop a mutant still running after S seconds on one job, and run it again after the others, "
+                        "each of its routes on its own, the routes of every such mutant sharing the jobs (survivors "
+                        "run every check of every route they reach: on many cores this ends a run sooner; default: "
+                        "never)")
     p.add_argument("--keep", type=Path, metavar="PATH",
                    help="keep the unmutated run and every finished mutant's outcome in PATH, and go on from them "
                         "while the family's and the verifier's sources, the routes, the seed and the versions of "
@@ -1029,7 +1046,8 @@ def serve() -> int:
     import torch  # noqa: F401
     import triton.language  # noqa: F401
 
-    for line in sys.stdin:
+    parent = os.getppid()
+    for line in sys.stdin:  # ends when the run is gone (its end of the pipe closed)
         request = json.loads(line)
         cancelled.clear()  # a cancel that came after the last answer was for that request
         handle, output = tempfile.mkstemp(prefix="sentinel-mutant-", suffix=".log")
@@ -1051,9 +1069,11 @@ def serve() -> int:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            if time.monotonic() > deadline or cancelled.is_set():
+            if time.monotonic() > deadline or cancelled.is_set() or os.getppid() != parent:
                 os.kill(pid, signal.SIGKILL)
                 _, status = os.waitpid(pid, 0)
+                if os.getppid() != parent:  # the run is gone: nobody reads the verdict
+                    return 1
                 timed_out = not cancelled.is_set()
                 break
             time.sleep(0.05)

@@ -181,17 +181,22 @@ class _PlantedScratch:
 
 
 class _SlowScratch(_PlantedScratch):
-    """A scratch that answers like a :class:`_PlantedScratch` for the routes named in ``answers``; on the others its
-    worker runs until it is cancelled (or 60 s pass: then it passes)."""
+    """A scratch that answers like a :class:`_PlantedScratch` for the routes named in ``answers``, once a worker of
+    ``slow_started`` has begun another route; on the others its worker runs until it is cancelled (or 60 s pass:
+    then it passes)."""
 
-    def __init__(self, directory: Path, answers: dict):
+    def __init__(self, directory: Path, answers: dict, slow_started: threading.Event):
         super().__init__(directory, answers)
-        self.stop = threading.Event()
+        self.stop, self.slow_started = threading.Event(), slow_started
 
     def worker(self, family, routes, seed, timeout, route_limits=None, launch_limits=None):
         answer = super().worker(family, routes, seed, timeout, route_limits, launch_limits)
         if any(r in self.answers for r in routes):
+            self.slow_started.wait(10)  # the slow group runs when this one settles the mutant
+            if isinstance(answer, Exception):
+                raise answer
             return answer
+        self.slow_started.set()
         return (mutate.CANCELLED, "cancelled", False) if self.stop.wait(60) else (0, "passed", False)
 
     def cancel(self):
@@ -245,13 +250,29 @@ def test_the_first_group_that_settles_a_mutant_stops_the_others(tmp_path, verdic
     cancelled group counts for nothing), so a killed mutant costs the time of its fastest kill."""
     mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
     baseline = mutate.Baseline({"k.py": {11: {"r1", "r2"}}}, {"r1": 1.0, "r2": 2.0})
-    copies = [_SlowScratch(tmp_path / name, {"r1": verdict}) for name in ("a", "b")]  # r2 runs until cancelled
+    started = threading.Event()
+    copies = [_SlowScratch(tmp_path / name, {"r1": verdict}, started) for name in ("a", "b")]  # r2: until cancelled
     start = time.perf_counter()
     outcomes, _ = _run(copies, [(mutant, [["r1"], ["r2"]])], baseline)
     assert (outcomes[mutant].status, outcomes[mutant].by) == (status, verdict[1])
     (slow,) = [s for s in copies if s.ran == ["r2"]]
     assert slow.stop.is_set() and time.perf_counter() - start < 30
     assert sorted(r for s in copies for r in s.ran) == ["r1", "r2"]
+    assert all((s.dir / "k.py").read_text() == SOURCE for s in copies)
+
+
+def test_a_group_that_raises_stops_the_others_and_no_verdict_is_made(tmp_path):
+    """A fork server killed from outside raises: the other groups are cancelled, the error propagates, nothing is
+    reported and every copy holds its source again."""
+    mutant = next(m for m in mutate.find_mutants(SOURCE, "k.py") if m.line == 11)
+    baseline = mutate.Baseline({"k.py": {11: {"r1", "r2"}}}, {"r1": 1.0, "r2": 2.0})
+    started = threading.Event()
+    copies = [_SlowScratch(tmp_path / name, {"r1": RuntimeError("the fork server exited")}, started)
+              for name in ("a", "b")]
+    reports = []
+    with pytest.raises(RuntimeError, match="the fork server exited"):
+        mutate.run_mutants(copies, "fam", [(mutant, [["r1"], ["r2"]])], baseline, 0, lambda *r: reports.append(r))
+    assert reports == [] and all(s.stop.is_set() for s in copies if "r2" in s.ran)
     assert all((s.dir / "k.py").read_text() == SOURCE for s in copies)
 
 
@@ -278,6 +299,8 @@ def test_a_kept_unfinished_mutant_keeps_the_routes_it_passed(tmp_path):
     mutate.Kept(tmp_path / "kept.json", key).add(mutate.Outcome(mutant, "unfinished", "stopped"), ["r2"])
     again = mutate.Kept(tmp_path / "kept.json", key)
     assert again.outcome(mutant).status == "unfinished" and again.passed(mutant) == ["r2"]
+    again.add(mutate.Outcome(mutant, "unfinished", "stopped"), ["r1"])  # a later sitting: both stay passed
+    assert mutate.Kept(tmp_path / "kept.json", key).passed(mutant) == ["r1", "r2"]
     assert mutate.Kept(tmp_path / "other.json", key).passed(mutant) == []
 
 
