@@ -628,14 +628,16 @@ def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[
 
     with concurrent.futures.ThreadPoolExecutor(len(scratches)) as pool:
         futures = [pool.submit(one, flight, group) for flight, group in tasks]
-        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        if any(f.done() and f.exception() for f in futures):  # no verdict can be trusted: stop every group
+        try:
+            finished, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for future in finished:  # all of them, unless one raised
+                future.result()
+        except BaseException:  # a group raised, or Ctrl-C: no verdict can be trusted, stop every group
             with lock:
                 failed.set()
                 for scratch in running:
                     scratch.cancel()
-        for future in futures:
-            future.result()
+            raise
 
 
 # ---------------------------------------------------------------------------------------------- the worker
