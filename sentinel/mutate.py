@@ -393,7 +393,9 @@ class Scratch:
             path.write_text(original)
 
     def remove(self) -> None:
+        """Stop the fork server (and a worker it still runs: a run stopped part way) and delete the copy."""
         if self._server is not None:
+            self.cancel()
             self._server.stdin.close()
             try:
                 self._server.wait(timeout=30)
@@ -508,7 +510,12 @@ def run_baseline(scratches: Sequence[Scratch], family: str, routes: Sequence[str
 
     used = [(s, g) for s, g in zip(scratches, groups) if g]
     with concurrent.futures.ThreadPoolExecutor(len(used)) as pool:
-        parts = list(pool.map(lambda sg: one(*sg), used))
+        try:
+            parts = list(pool.map(lambda sg: one(*sg), used))
+        except BaseException:  # a group failed, or Ctrl-C: stop the others
+            for scratch, _ in used:
+                scratch.cancel()
+            raise
     lines: dict[str, dict[int, set[str]]] = {}
     for data in parts:
         for f, by_line in data["lines"].items():
@@ -986,6 +993,7 @@ def run(args: argparse.Namespace) -> int:
     from kernel_sentinel.dashboard import MUTATION_DIR_NAME
     from kernel_sentinel.family import REPO_ROOT, matches
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill`, `timeout`: stop like Ctrl-C, copies removed
     if args.n is not None and args.n < 1:
         return console.usage_error(f"-n must be >= 1, got {args.n}")
     if args.jobs < 1:
