@@ -113,6 +113,9 @@ class _FakeScratch:
                                            "launch_seconds": dict.fromkeys(routes, 0.25)}))
         return (1, "route r2 float32 reference: off", False) if self.fails else (0, "", False)
 
+    def cancel(self):  # its worker answers at once: nothing to stop
+        pass
+
 
 def test_baseline_deals_the_routes_out_over_the_workers_and_merges_their_coverage(tmp_path):
     a, b = _FakeScratch(tmp_path / "a"), _FakeScratch(tmp_path / "b")
