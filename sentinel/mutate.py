@@ -676,35 +676,33 @@ class _RouteTimeout(BaseException):
 
 
 @contextlib.contextmanager
-def _deadline(seconds: Optional[float]) -> Iterator[None]:
-    """Raise :class:`_RouteTimeout` in the block once it has used ``seconds`` of the process's CPU time (None: no
-    limit). CPU time, not wall time: a worker slowed by other processes on the machine never times out for it (a
-    hang that spins uses CPU; one that blocks ends at the worker's wall-time limit)."""
+def _deadline(seconds: Optional[float], what: str = "ran past", timer: int = signal.ITIMER_PROF) -> Iterator[None]:
+    """Raise :class:`_RouteTimeout` ("<what> <seconds> s") in the block once it has used ``seconds`` of the
+    process's CPU time (None: no limit) by ``timer``: ``ITIMER_PROF`` (user and system time) or ``ITIMER_VIRTUAL``
+    (user time), two timers that run side by side (main thread only). CPU time, not wall time: a worker slowed by
+    other processes on the machine never times out for it (a hang that spins uses CPU; one that blocks ends at the
+    worker's wall-time limit)."""
     if not seconds:
         yield
         return
-    import signal
+    number = signal.SIGPROF if timer == signal.ITIMER_PROF else signal.SIGVTALRM
 
     def expire(signum: int, frame: Any) -> None:
-        raise _RouteTimeout
+        raise _RouteTimeout(f"{what} {seconds:.0f} s")
 
-    previous = signal.signal(signal.SIGPROF, expire)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    previous = signal.signal(number, expire)
+    signal.setitimer(timer, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
-
-
-class _LaunchTimeout(_RouteTimeout):
-    """A kernel launch ran past its limit (an endless loop in a kernel)."""
+        signal.setitimer(timer, 0)
+        signal.signal(number, previous)
 
 
 class _LaunchWatch:
     """In a worker: measures each route's longest kernel launch (CPU seconds) and, when ``limits`` holds a limit for
-    the route running, raises :class:`_LaunchTimeout` in a launch past it (user CPU time, ``ITIMER_VIRTUAL``: a
-    timer apart from the route's deadline), so an endless loop in a kernel ends there, not at its route's limit."""
+    the route running, ends a launch past it (:func:`_deadline` on the user-time timer, beside the route's), so an
+    endless loop in a kernel ends there, not at its route's limit."""
 
     def __init__(self, limits: dict[str, float]):
         from provable_kernels.launch import Launcher
@@ -714,21 +712,14 @@ class _LaunchWatch:
         original = Launcher.launch
 
         def timed(launcher: Any, *args: Any, **kwargs: Any) -> None:
-            limit, start = self.limits.get(self.route), time.process_time()
-            if limit:
-                signal.setitimer(signal.ITIMER_VIRTUAL, limit)
+            start = time.process_time()
             try:
-                original(launcher, *args, **kwargs)
+                with _deadline(self.limits.get(self.route), "a kernel launch ran past", signal.ITIMER_VIRTUAL):
+                    original(launcher, *args, **kwargs)
             finally:
-                if limit:
-                    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
                 self.longest[self.route] = max(self.longest.get(self.route, 0.0), time.process_time() - start)
 
-        def expire(signum: int, frame: Any) -> None:
-            raise _LaunchTimeout(f"a kernel launch ran past {self.limits[self.route]:.0f} s")
-
         Launcher.launch = timed
-        signal.signal(signal.SIGVTALRM, expire)
 
 
 def worker(argv: Sequence[str]) -> int:
@@ -798,8 +789,7 @@ def worker(argv: Sequence[str]) -> int:
                                       f"{' '.join(detail.split())[:300]}")
                                 return 1
             except _RouteTimeout as exc:
-                print(f"{route_id}: {exc.args[0] if exc.args else f'ran past {args.route_limits[route_id]:.0f} s'} "
-                      f"(a hang?)")
+                print(f"{route_id}: {exc} (a hang?)")
                 return ROUTE_TIMEOUT
             seconds[route_id] = seconds.get(route_id, 0.0) + time.process_time() - start
     if cov is not None:
