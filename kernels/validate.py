@@ -9,12 +9,13 @@ import contextlib
 import contextvars
 import operator
 import os
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
+CallT = TypeVar("CallT")  # a family's call dataclass
 
 
 def tensor(
@@ -41,6 +42,21 @@ def tensor(
     if device is not None and x.device != device:
         raise ValueError(f"{name} must be on {device} like the other inputs, got {x.device}")
     return x
+
+
+def requirer(kind: type[CallT], made_by: str, field: Optional[str] = None) -> Callable[..., CallT]:
+    """The guard every backend function of a family runs first: ``require(call[, value])`` returns ``call`` after
+    checking that it is a ``kind`` (built by ``made_by``) and, when ``value`` is given, that its ``field`` is
+    ``value`` (the tree routes by it)."""
+
+    def require(call: object, value: Optional[str] = None) -> CallT:
+        if not isinstance(call, kind):  # verify: unreached (internal guard: routes receive make_call's result)
+            raise TypeError(f"call must be a {kind.__name__} (built by {made_by}), got {type(call).__name__}")
+        if value is not None and getattr(call, field) != value:  # verify: unreached (internal guard: the tree)
+            raise ValueError(f"call.{field} must be {value!r} here, got {getattr(call, field)!r}")
+        return call
+
+    return require
 
 
 def shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str) -> None:

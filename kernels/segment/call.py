@@ -76,15 +76,7 @@ class SegmentCall:
         return "ids" if self.ids is not None else "offsets"
 
 
-def require_call(call: object, op: Optional[str] = None) -> SegmentCall:
-    """``call`` itself, after checking it is a :class:`SegmentCall` (of ``op`` when given): the guard every backend
-    function runs first."""
-    if not isinstance(call, SegmentCall):  # verify: unreached (internal guard: routes receive make_call's result)
-        raise TypeError(f"call must be a SegmentCall (built by provable_kernels.segment.call.make_call), "
-                        f"got {type(call).__name__}")
-    if op is not None and call.op != op:  # verify: unreached (internal guard: the tree routes each op to its bodies)
-        raise ValueError(f"call.op must be {op!r} here, got {call.op!r}")
-    return call
+require_call = validate.requirer(SegmentCall, "provable_kernels.segment.call.make_call", "op")
 
 
 def _count(name: str, value: object) -> int:

@@ -217,15 +217,7 @@ def make_call(op, cum_scores, transition, duration_bias, lengths, K, semiring, p
     return bind(op, check(op, *args), *args)
 
 
-def require_call(call: object, semiring: Optional[str] = None) -> StreamingCall:
-    """``call`` itself, after checking it is a :class:`StreamingCall` (and of ``semiring`` when given): the guard
-    every backend function runs first."""
-    if not isinstance(call, StreamingCall):  # verify: unreached (internal guard: routes get make_call's call)
-        raise TypeError(f"call must be a StreamingCall (built by provable_kernels.semicrf.call.make_call), "
-                        f"got {type(call).__name__}")
-    if semiring is not None and call.semiring != semiring:  # verify: unreached (internal guard: the tree routes by it)
-        raise ValueError(f"call.semiring must be {semiring!r} here, got {call.semiring!r}")
-    return call
+require_call = validate.requirer(StreamingCall, "provable_kernels.semicrf.call.make_call", "semiring")
 
 
 def pad_duration_rows(grad: torch.Tensor, K: int) -> torch.Tensor:

@@ -75,10 +75,4 @@ def make_call(x: object, iters: object = 20, domain: object = "log", eps: object
     return bind(check(x, iters, domain, eps, use_triton), x, iters, domain, eps, use_triton)
 
 
-def require_call(call: object) -> SinkhornCall:
-    """``call`` itself, after checking it is a :class:`SinkhornCall`: the guard every backend function runs
-    first."""
-    if not isinstance(call, SinkhornCall):  # verify: unreached (only a direct backend call with another object)
-        raise TypeError(f"call must be a SinkhornCall (built by provable_kernels.sinkhorn.call.make_call), "
-                        f"got {type(call).__name__}")
-    return call
+require_call = validate.requirer(SinkhornCall, "provable_kernels.sinkhorn.call.make_call")
