@@ -56,22 +56,38 @@ def matches(route_id: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(route_id, g) for g in globs)
 
 
-def node_exists(node_id: str, root: Path = REPO_ROOT) -> bool:
-    """True when the pytest node id ``path.py::test_name`` (or ``path.py::TestClass::test_name``, a ``[param]``
-    suffix ignored) names a test pytest would collect (``test*`` functions, ``Test*`` classes) defined in that file, found by parsing it with ``ast`` (no pytest run)."""
+def _test_function(node_id: str, root: Path = REPO_ROOT) -> Optional[ast.AST]:
+    """The definition of the test that the pytest node id ``path.py::test_name`` (or ``path.py::TestClass::test_name``,
+    a ``[param]`` suffix ignored) names, if pytest would collect it (``test*`` functions, ``Test*`` classes) from
+    that file, found by parsing it with ``ast`` (no pytest run); else None."""
     path, _, rest = node_id.partition("::")
     file = root / path
     if not rest or not file.is_file():
-        return False
+        return None
     scope: Sequence[ast.stmt] = ast.parse(file.read_text()).body
     *classes, function = rest.split("[", 1)[0].split("::")
     for name in classes:
         found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == name and name.startswith("Test")]
         if not found:
-            return False
+            return None
         scope = found[0].body
-    return function.startswith("test") and any(
-        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function for n in scope)
+    if not function.startswith("test"):
+        return None
+    return next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function),
+                None)
+
+
+def node_exists(node_id: str, root: Path = REPO_ROOT) -> bool:
+    """True when the pytest node id names a test pytest would collect (:func:`_test_function`)."""
+    return _test_function(node_id, root) is not None
+
+
+def statement_of(node_id: str, root: Path = REPO_ROOT) -> Optional[str]:
+    """The first paragraph of the docstring of the test ``node_id`` names (what it checks, in one statement), its
+    lines joined; None when the test does not exist or has no docstring."""
+    found = _test_function(node_id, root)
+    doc = ast.get_docstring(found) if found is not None else None
+    return " ".join(doc.split("\n\n", 1)[0].split()) if doc else None
 
 
 @dataclass(frozen=True)
@@ -84,7 +100,8 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class Invariant:
-    """A property the family promises, and the pytest node id of the test that checks it."""
+    """A property the family promises (``text``: the first paragraph of the test's docstring), and the pytest node
+    id of the test that checks it."""
 
     text: str
     test: str

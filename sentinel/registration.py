@@ -10,7 +10,8 @@ Family-wide names, read from ``family.py``:
 
 - ``TOLERANCES``: ``{dtype: (atol, rtol)}``: the verified dtypes, in order, and the error allowed against the
   float64 reference (``|x - ref| <= atol + rtol * |ref|``).
-- ``INVARIANTS``: ``(text, pytest node id of the test that checks it)`` pairs. ``GUARDS``: ``(text, function
+- ``INVARIANTS``: the pytest node ids of the tests that check the family's promises, each promise stated by the
+  first paragraph of its test's docstring (one statement, in one place). ``GUARDS``: ``(text, function
   where the guard is)`` pairs. ``KNOWN_ISSUES``: texts (shown unrated) or ``(text, severity, frequency,
   resolution[, commit that resolved it])``.
 - ``FAILURE_MODES``: ``{symptom: (page to read first, second page, what covers it[, routes])}`` (pages relative to
@@ -85,7 +86,7 @@ from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Case, Family, FailureMode,
                                     Guard, Invariant, KnownIssue, LayoutRejection, Oracle, Outputs, Problem, Property,
-                                    Tolerance)
+                                    Tolerance, node_exists, statement_of)
 
 SEED_RANGE = range(2**16 + 1)  # the seed each example draws
 
@@ -342,6 +343,16 @@ def _failure_modes(name: str, declared: Mapping[str, Sequence[Any]]) -> list[Fai
     return modes
 
 
+def _invariant(family: str, test: str) -> Invariant:
+    """The invariant that the test ``test`` (a pytest node id) checks, stated by its docstring's first paragraph; a
+    test that does not exist keeps its node id as the text (the trace check names it missing)."""
+    text = statement_of(test)
+    if text is None and node_exists(test):
+        raise ValueError(f"family {family!r}: the invariant test {test} has no docstring; its first paragraph states "
+                         f"the invariant the test checks")
+    return Invariant(text or test, test)
+
+
 def family_of(module: ModuleType) -> Family:
     """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``);
     ``TypeError`` when it is not one."""
@@ -380,7 +391,7 @@ def family_of(module: ModuleType) -> Family:
         make_case=make_case, run=lambda case: part_of(case.route_id).run(case),
         reference=lambda case: part_of(case.route_id).reference(case),
         tolerances=tolerances, dtypes=tuple(tolerances),
-        invariants=[Invariant(*i) for i in getattr(module, "INVARIANTS", ())],
+        invariants=[_invariant(name, test) for test in getattr(module, "INVARIANTS", ())],
         guards=[Guard(*g) for g in getattr(module, "GUARDS", ())],
         known_issues=[issue(i) for i in getattr(module, "KNOWN_ISSUES", ())],
         failure_modes=_failure_modes(name, getattr(module, "FAILURE_MODES", {})),

@@ -123,6 +123,23 @@ def test_what_is_not_a_registration_is_refused(package):
         family.make_case("toy.other", size="tiny", dtype=torch.float32, device=CPU, seed=0)
 
 
+def test_an_invariant_is_stated_by_its_tests_docstring(package):
+    """Each invariant is a test's node id; its text is the first paragraph of that test's docstring, a test
+    without one is refused, and a missing test keeps its node id (the trace check then names it)."""
+    here = "tests/test_registration.py"
+    family = registration.family_of(package(f"INVARIANTS = ('{here}::test_an_invariant_is_stated_by_its_tests_"
+                                            f"docstring', '{here}::test_no_such_test')\n"))
+    assert [(i.text, i.test) for i in family.invariants] == [
+        ("Each invariant is a test's node id; its text is the first paragraph of that test's docstring, a test "
+         "without one is refused, and a missing test keeps its node id (the trace check then names it).",
+         f"{here}::test_an_invariant_is_stated_by_its_tests_docstring"),
+        (f"{here}::test_no_such_test", f"{here}::test_no_such_test")]
+    assert family.missing_tests() == [f"{here}::test_no_such_test"]
+    with pytest.raises(ValueError, match=f"the invariant test {here}::test_problem_keys_read_as_attributes has no "
+                                         f"docstring"):
+        registration.family_of(package(f"INVARIANTS = ('{here}::test_problem_keys_read_as_attributes',)\n"))
+
+
 def test_examples_are_drawn_by_pick_with_a_seed(package):
     from hypothesis import given, settings
 

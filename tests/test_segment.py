@@ -53,6 +53,7 @@ def run(x, reduce, upstream, **kwargs):
 @pytest.mark.parametrize("form", ["offsets", "ids"])
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
 def test_triton_matches_oracle(reduce, form, regime):
+    """Every Triton route matches the float64 oracle in value and gradient, both index forms, both row regimes."""
     x, offsets, ids = problem(LENGTHS[regime], integers=reduce in ("max", "min"))
     upstream = torch.randn(offsets.numel() - 1, 3, generator=torch.Generator().manual_seed(1))
     value, grad, taken = run(x, reduce, upstream, empty=-2.5, **index_kwargs(form, offsets, ids))
@@ -98,6 +99,8 @@ def test_chunk_plans_match_oracle(reduce, lengths):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("use_triton", [True, False])
 def test_dtypes_match_oracle(dtype, use_triton):
+    """float64, bfloat16 and float16 inputs (float32 accumulation) match the oracle within the dtype's tolerance on both
+    backends."""
     x, offsets, ids = problem(LENGTHS["blocked"], D=2, dtype=dtype)
     for reduce in ("sum", "mean", "max", "min"):
         upstream = torch.linspace(-1, 1, 2 * (offsets.numel() - 1)).reshape(-1, 2).to(dtype)
@@ -126,6 +129,7 @@ def test_torch_backend_matches_oracle(reduce):
 @pytest.mark.parametrize("form", ["offsets", "ids"])
 @pytest.mark.parametrize("reduce", ["max", "min"])
 def test_adjoint_bitwise_equals_autograd(reduce, form, use_triton):
+    """The standalone adjoints are bitwise equal to the autograd gradient."""
     x, offsets, ids = problem(LENGTHS["blocked"], integers=True, seed=5)
     upstream = torch.randn(offsets.numel() - 1, 3, generator=torch.Generator().manual_seed(2))
     _, grad, _ = run(x, reduce, upstream, use_triton=use_triton, **index_kwargs(form, offsets, ids))
@@ -141,6 +145,7 @@ def test_adjoint_bitwise_equals_autograd(reduce, form, use_triton):
 @pytest.mark.parametrize("use_triton", [True, False])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_ties_go_to_first_occurrence(sign, use_triton):
+    """Ties: the whole max / min gradient goes to the first occurrence for either sign of the upstream gradient."""
     x = torch.tensor([[2.0], [2.0], [1.0], [-3.0], [-3.0]])
     offsets = torch.tensor([0, 3, 5])
     upstream = torch.full((2, 1), sign)
@@ -151,7 +156,10 @@ def test_ties_go_to_first_occurrence(sign, use_triton):
 
 
 def test_peer_defect_torch_segment_reduce_tie_gradient():
-    """torch.segment_reduce splits a tied max gradient only for a positive upstream gradient; with a negative one
+    """torch.segment_reduce gives every tied row the full gradient when it is negative; this family gives it to the
+    first row.
+
+    torch.segment_reduce splits a tied max gradient only for a positive upstream gradient; with a negative one
     every tied row receives the full gradient (the gradient sum is twice the upstream). Ours: the first row."""
     x = torch.tensor([5.0, 5.0, 1.0])
     lengths = torch.tensor([3])
@@ -167,6 +175,7 @@ def test_peer_defect_torch_segment_reduce_tie_gradient():
 
 @pytest.mark.parametrize("use_triton", [True, False])
 def test_nan_inf_and_empty_segments(use_triton):
+    """Empty segments give `empty` and no gradient; NaN propagates and the first NaN is the arg."""
     nan, inf = float("nan"), float("inf")
     x = torch.tensor([[1.0, 2.0], [nan, -inf], [nan, -inf], [5.0, inf], [-inf, -inf]])
     offsets = torch.tensor([0, 3, 3, 4, 5])
@@ -194,6 +203,7 @@ def test_no_rows_and_all_empty(use_triton):
 
 
 def test_trailing_dims_strided_x_and_repeatability():
+    """Outputs are bitwise repeatable, strided inputs match contiguous ones, and poisoned allocations change nothing."""
     x, offsets, ids = problem(LENGTHS["blocked"], D=12, seed=7)
     strided = x.reshape(-1, 3, 4).transpose(1, 2)[:, ::2]  # (N, 2, 3), not contiguous
     S = offsets.numel() - 1
@@ -209,6 +219,7 @@ def test_trailing_dims_strided_x_and_repeatability():
 
 @INTERPRETED
 def test_custom_ops_pass_opcheck():
+    """The Triton kernels are torch custom ops that pass torch.library.opcheck."""
     x, offsets, ids = problem(LENGTHS["blocked"], D=2)
     upstream = torch.randn(offsets.numel() - 1, 2)
     S = offsets.numel() - 1

@@ -125,6 +125,7 @@ def named(argument: str, value) -> str:
 @pytest.mark.parametrize("entry", list(ENTRIES))
 @pytest.mark.parametrize("argument, value, error", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
 def test_bad_argument_raises_naming_it(entry, argument, value, error):
+    """Every wrong argument raises ValueError/TypeError naming it."""
     args = valid_args() | {argument: value}
     with pytest.raises(error) as caught:
         ENTRIES[entry](**args)

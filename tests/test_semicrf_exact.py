@@ -72,6 +72,7 @@ def expect_close(got, expected, tol=1e-10):
 
 @pytest.mark.parametrize("name", CASES)
 def test_edges_mean_the_streaming_convention(name):
+    """One edge convention: edges_from_streaming + SemiMarkov score every segmentation like the streaming convention."""
     params, lengths = case(name)
     edge = edges_from_streaming(**params)
     (B, T1, C), K = params["cum_scores"].shape, params["K"]
@@ -137,7 +138,9 @@ def count_recurrence(L, K, C):
 
 @pytest.mark.parametrize("T,K,C", [(12, 1, 3), (12, 4, 2), (6, 9, 2), (1, 1, 1)])
 def test_counting_gives_exact_counts(T, K, C):
-    """Counting on real weights of an all-zero model; K = 1 is the linear scan (C^L)."""
+    """The counting semiring counts segmentations exactly.
+
+    Counting on real weights of an all-zero model; K = 1 is the linear scan (C^L)."""
     zeros = dict(cum_scores=torch.zeros(2, T + 1, C, dtype=F64), transition=torch.zeros(C, C, dtype=F64),
                  duration_bias=torch.zeros(K, C, dtype=F64), K=K)
     lengths = torch.tensor([T, max(1, T // 2)])

@@ -57,7 +57,9 @@ ROUNDING = {F64: 1e-12, torch.float32: 2e-5}
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("C,K,hidden_dim,transition,T,L", SETUPS)
 def test_nll_is_a_normalised_negative_log_likelihood(C, K, hidden_dim, transition, T, L, backend, dtype):
-    """Over every segmentation of a tiny problem: NLL >= 0 up to rounding, equals the oracle, and exp(-NLL) sums
+    """The loss is normalised: NLL >= 0 for every gold and exp(-NLL) sums to 1 over all segmentations.
+
+    Over every segmentation of a tiny problem: NLL >= 0 up to rounding, equals the oracle, and exp(-NLL) sums
     to 1."""
     head = make_head(C, K, hidden_dim, transition).to(dtype)
     segs = oracle.segmentations(L, K, C)

@@ -55,6 +55,8 @@ def assert_close(actual, expected, rtol, atol=0.0):
 @pytest.mark.parametrize("semiring", ["log", "max"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_partition_matches_oracle(name, semiring, dtype):
+    """logZ and the max score equal brute-force enumeration of every segmentation (durations 1..K, K inclusive; the
+    first segment pays no transition)."""
     case = make_case(**CASES[name], dtype=dtype)
     with recording() as taken:
         value = case.forward(semiring)
@@ -79,7 +81,9 @@ def test_viterbi_matches_oracle(name, dtype):
 
 
 def test_viterbi_ties_prefer_shorter_duration_then_smaller_label():
-    """All-zero scores: every segmentation scores 0; the decode must be all duration-1 segments of label 0."""
+    """Viterbi returns the brute-force best segmentation; ties prefer the shorter duration, then the smaller label.
+
+    All-zero scores: every segmentation scores 0; the decode must be all duration-1 segments of label 0."""
     T, K, C = 4, 3, 2
     zero = torch.zeros
     result = semi_crf_viterbi(zero(1, T + 1, C), zero(C, C), zero(K, C), torch.tensor([T]), K, use_triton=False)
@@ -92,6 +96,7 @@ def test_viterbi_ties_prefer_shorter_duration_then_smaller_label():
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_log_gradients_match_brute_force(name, dtype):
+    """The hand-written backward equals autograd of a brute force for all five inputs."""
     case = make_case(**CASES[name], dtype=dtype, seed=2).leaves()
     weight = torch.randn(case.cum_scores.shape[0], dtype=dtype, generator=torch.Generator().manual_seed(3))
     with recording() as taken:
@@ -108,6 +113,7 @@ def test_log_gradients_match_brute_force(name, dtype):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_max_gradients_are_the_best_path_indicator(name):
+    """The max route's gradient is the indicator of the best path."""
     case = make_case(**CASES[name], seed=4).leaves()
     weight = torch.rand(case.cum_scores.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     with recording() as taken:
@@ -195,7 +201,9 @@ def test_neg_inf_transitions_give_finite_values_and_gradients():
 
 @pytest.mark.parametrize("semiring", ["log", "max"])
 def test_impossible_sequence_gives_neg_inf_and_zero_gradients(semiring):
-    """K = 1 with every transition -inf: a sequence of length 1 (one segment, no transition) is possible, one of
+    """A sequence with no finite segmentation gives -inf and zero gradients, never NaN.
+
+    K = 1 with every transition -inf: a sequence of length 1 (one segment, no transition) is possible, one of
     length 3 is not. The second gets -inf and zero gradients; the first is untouched."""
     case = make_case(B=2, T=3, K=1, C=2, proj_start=True, seed=9)
     case.transition.fill_(float("-inf"))
@@ -220,7 +228,9 @@ def test_impossible_sequence_gives_neg_inf_and_zero_gradients(semiring):
 
 
 def test_repeated_runs_are_bitwise_identical():
-    """Values and every gradient of both training routes (log: hand-written backward; max: path indicator)."""
+    """Repeated runs are bitwise identical.
+
+    Values and every gradient of both training routes (log: hand-written backward; max: path indicator)."""
     def run(semiring: str) -> list[torch.Tensor]:
         case = make_case(B=3, T=30, K=4, C=3, trans3d=True, proj_start=True, proj_end=True, variable=True,
                          dtype=torch.float32, seed=10).leaves()
@@ -235,7 +245,9 @@ def test_repeated_runs_are_bitwise_identical():
 
 
 def test_float32_stays_accurate_at_T_100000():
-    """Inputs drawn in float64; the float32 run gets them rounded to float32, the reference run the float64
+    """Float32 inputs at T = 100,000: logZ relative error <= 1e-6 against float64.
+
+    Inputs drawn in float64; the float32 run gets them rounded to float32, the reference run the float64
     originals: logZ from float32 inputs is within 1e-6 relative of logZ from the exact inputs."""
     exact = make_case(B=1, T=100_000, K=2, C=2, dtype=torch.float64, seed=11)
     rounded = exact.to(torch.float32)

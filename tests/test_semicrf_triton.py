@@ -202,6 +202,7 @@ def test_float32_chain_logz_matches_float64_reference_at_moderate_length():
 
 @pytest.mark.parametrize("name", CASES)
 def test_log_gradients_against_brute_force(name):
+    """The Triton backward equals autograd of a brute force for all five inputs."""
     case = make_case(**CASES[name]).to(device=DEVICE).leaves()
     weight = torch.linspace(0.5, 1.5, case.lengths.numel(), dtype=F64, device=DEVICE)
     value, taken = routes(lambda: case.forward("log"))
@@ -255,7 +256,9 @@ def test_viterbi_tie_rule_when_everything_ties(trans3d):
 
 
 def test_viterbi_against_oracle_with_ties():
-    """Integer scores make many exact ties: the decoded path must follow the stated tie rule."""
+    """Triton Viterbi follows the reference's tie rule.
+
+    Integer scores make many exact ties: the decoded path must follow the stated tie rule."""
     for kwargs in (dict(B=3, T=6, K=3, C=2, variable=True, proj_end=True),
                    dict(B=2, T=5, K=2, C=3, trans3d=True, proj_start=True, variable=True)):
         case = make_case(integers=True, seed=1, **kwargs).to(device=DEVICE)
@@ -356,6 +359,7 @@ def test_no_finite_segmentation_gives_minus_inf_and_zero_gradients():
 
 
 def test_gradients_are_bitwise_deterministic():
+    """Triton gradients are bitwise identical on repeated runs (no atomics on outputs)."""
     case = make_case(B=3, T=6, K=3, C=3, proj_start=True, proj_end=True, variable=True, seed=7).to(device=DEVICE)
     case = case.to(torch.float32)
     runs = []

@@ -54,6 +54,8 @@ def check(x: torch.Tensor, iters: int, domain: str, eps: float = 1e-6, use_trito
 @pytest.mark.parametrize("domain", ["log", "prob"])
 @pytest.mark.parametrize("shape", [(3, 1, 1), (4, 2, 2), (5, 3, 3), (2, 2, 4, 4), (6, 6), (9, 5, 5)])
 def test_triton_matches_oracle(domain, shape):
+    """Every Triton route equals the float64 loop of the convention (outputs and gradients), n = 1..6 and 64, leading
+    dims of any rank."""
     check(logits(shape, seed=sum(shape)), 3, domain, route=f"sinkhorn.triton.{domain}.train")
 
 
@@ -85,6 +87,7 @@ def test_n_64_on_triton():
 
 
 def test_packing_several_matrices_per_program_and_a_partial_block():
+    """Several matrices per program, with a partial last block, give the same results."""
     n, B = 8, 37
     p = triton_ops.plan(B, n)
     assert p.BM > 1 and p.grid > 1 and B % p.BM != 0
@@ -95,6 +98,7 @@ def test_packing_several_matrices_per_program_and_a_partial_block():
 @pytest.mark.parametrize("use_triton", [True, False])
 @pytest.mark.parametrize("domain", ["log", "prob"])
 def test_guards_neg_inf_huge_logits_and_all_neg_inf_rows(domain, use_triton):
+    """-inf entries, all -inf rows and columns and logits of +-1e4 give the float64 loop's results."""
     x = logits((4, 4, 4), seed=5)
     x[0] *= 1e4  # +-1e4: the log domain runs the log loop for this block
     x[1, 2, 1] = float("-inf")
@@ -127,6 +131,7 @@ def test_clamp_gradient_convention_at_the_boundary(use_triton):
 
 
 def test_all_neg_inf_rows_are_defined():
+    """An all -inf matrix gives the uniform matrix in both domains."""
     x = torch.full((1, 3, 3), float("-inf"), device=DEVICE)
     uniform = torch.full((1, 3, 3), 1 / 3, dtype=torch.float64)
     assert torch.allclose(sinkhorn(x, 2, "log").double().cpu(), uniform)
@@ -140,7 +145,9 @@ def test_eps_zero_with_a_zero_column_stays_finite():
 
 
 def test_scaling_form_stays_exact_at_the_span_threshold():
-    """Rows spanning just under RMAX (entries 0 or -29.9) with many iterations: no overflow or underflow."""
+    """The scaling form stays exact for rows spanning up to its limit, over 200 iterations.
+
+    Rows spanning just under RMAX (entries 0 or -29.9) with many iterations: no overflow or underflow."""
     g = torch.Generator().manual_seed(1)
     x = torch.where(torch.rand(8, 4, 4, generator=g) < 0.5, 0.0, -29.9).to(DEVICE)
     out = triton_ops.forward(x, 200, "log", 0.0)
@@ -156,6 +163,7 @@ def test_empty_batch_and_2d_input():
 
 
 def test_infer_routes_and_bitwise_determinism():
+    """Outputs and gradients are bitwise identical on repeated runs."""
     x = logits((6, 5, 5))
     for domain in ("log", "prob"):
         with recording() as taken:
@@ -197,6 +205,7 @@ def test_modules():
     ((torch.randn(2, 0, 0),), ValueError, r"^x must have n >= 1"),
 ])
 def test_bad_inputs(args, error, message):
+    """Every wrong argument raises ValueError/TypeError naming it."""
     with pytest.raises(error, match=message):
         sinkhorn(*args)
 
@@ -225,6 +234,7 @@ def test_device_mode_poisons_the_bad_matrices_only(use_triton, domain, bad):
 
 @pytest.mark.parametrize("domain", ["log", "prob"])
 def test_opcheck_custom_ops(domain):
+    """The custom ops pass torch.library.opcheck and run under torch.compile(fullgraph=True)."""
     x = logits((3, 3, 3), seed=2).requires_grad_()
     torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_forward, (x, 2, domain, 1e-3))
     g = logits((3, 3, 3), seed=3)
@@ -242,6 +252,7 @@ def test_compile_fullgraph():
 
 
 def test_guide_lane_mixing_example_runs():
+    """The guide's lane-mixing example runs."""
     text = (ROOT / "traces" / "guide" / "sinkhorn.md").read_text()
     section = text.split("## Example: lane mixing", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

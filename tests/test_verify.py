@@ -312,7 +312,10 @@ TORCH_ROUTES = [r.id for r in SEMICRF.tree.routes() if r.id.startswith("semicrf.
 
 @pytest.mark.slow  # ~2.5 min; CI's lowest environment runs `sentinel verify --quick` itself
 def test_every_semicrf_route_passes_quick():
-    """Every leaf of the tree; without a GPU the Triton ones run under the interpreter (conftest.py switches it
+    """Every route is reached by the dispatcher and passes route, reference, exact, property, guard and bad-input
+    checks.
+
+    Every leaf of the tree; without a GPU the Triton ones run under the interpreter (conftest.py switches it
     on)."""
     for route_id in [r.id for r in SEMICRF.tree.routes()]:
         result = verify_route(SEMICRF, route_id, dataclasses.replace(QUICK, examples=1))

@@ -458,24 +458,11 @@ BAD_INPUTS = (
 # ------------------------------------------------------------------------------------------- documentation
 
 TESTS = "tests/test_segment.py"
-INVARIANTS = (
-    ("Every Triton route matches the float64 oracle in value and gradient, both index forms, both row regimes.",
-     f"{TESTS}::test_triton_matches_oracle"),
-    ("float64, bfloat16 and float16 inputs (float32 accumulation) match the oracle within the dtype's tolerance on "
-     "both backends.", f"{TESTS}::test_dtypes_match_oracle"),
-    ("The standalone adjoints are bitwise equal to the autograd gradient.",
-     f"{TESTS}::test_adjoint_bitwise_equals_autograd"),
-    ("Ties: the whole max / min gradient goes to the first occurrence for either sign of the upstream gradient.",
-     f"{TESTS}::test_ties_go_to_first_occurrence"),
-    ("Empty segments give `empty` and no gradient; NaN propagates and the first NaN is the arg.",
-     f"{TESTS}::test_nan_inf_and_empty_segments"),
-    ("Outputs are bitwise repeatable, strided inputs match contiguous ones, and poisoned allocations change "
-     "nothing.", f"{TESTS}::test_trailing_dims_strided_x_and_repeatability"),
-    ("The Triton kernels are torch custom ops that pass torch.library.opcheck.",
-     f"{TESTS}::test_custom_ops_pass_opcheck"),
-    ("torch.segment_reduce gives every tied row the full gradient when it is negative; this family gives it to "
-     "the first row.", f"{TESTS}::test_peer_defect_torch_segment_reduce_tie_gradient"),
-)
+INVARIANTS = tuple(f"{TESTS}::{name}" for name in (
+    "test_triton_matches_oracle", "test_dtypes_match_oracle", "test_adjoint_bitwise_equals_autograd",
+    "test_ties_go_to_first_occurrence", "test_nan_inf_and_empty_segments",
+    "test_trailing_dims_strided_x_and_repeatability", "test_custom_ops_pass_opcheck",
+    "test_peer_defect_torch_segment_reduce_tie_gradient"))
 
 GRADIENT_ROUTES = ("segment.*.train.*", "segment.*_backward")
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]

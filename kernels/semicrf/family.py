@@ -244,34 +244,16 @@ BAD_INPUTS = (
     ("use_triton", "a string", "yes"))
 
 REF, EXACT, HEAD, TRITON = (f"tests/test_semicrf_{name}.py" for name in ("reference", "exact", "head", "triton"))
-INVARIANTS = (
-    ("Every route is reached by the dispatcher and passes route, reference, exact, property, guard and bad-input "
-     "checks.", "tests/test_verify.py::test_every_semicrf_route_passes_quick"),
-    ("logZ and the max score equal brute-force enumeration of every segmentation (durations 1..K, K inclusive; the "
-     "first segment pays no transition).", f"{REF}::test_partition_matches_oracle"),
-    ("Viterbi returns the brute-force best segmentation; ties prefer the shorter duration, then the smaller label.",
-     f"{REF}::test_viterbi_ties_prefer_shorter_duration_then_smaller_label"),
-    ("The hand-written backward equals autograd of a brute force for all five inputs.",
-     f"{REF}::test_log_gradients_match_brute_force"),
-    ("The max route's gradient is the indicator of the best path.",
-     f"{REF}::test_max_gradients_are_the_best_path_indicator"),
-    ("A sequence with no finite segmentation gives -inf and zero gradients, never NaN.",
-     f"{REF}::test_impossible_sequence_gives_neg_inf_and_zero_gradients"),
-    ("Repeated runs are bitwise identical.", f"{REF}::test_repeated_runs_are_bitwise_identical"),
-    ("Float32 inputs at T = 100,000: logZ relative error <= 1e-6 against float64.",
-     f"{REF}::test_float32_stays_accurate_at_T_100000"),
-    ("One edge convention: edges_from_streaming + SemiMarkov score every segmentation like the streaming "
-     "convention.", f"{EXACT}::test_edges_mean_the_streaming_convention"),
-    ("The counting semiring counts segmentations exactly.", f"{EXACT}::test_counting_gives_exact_counts"),
-    ("The loss is normalised: NLL >= 0 for every gold and exp(-NLL) sums to 1 over all segmentations.",
-     f"{HEAD}::test_nll_is_a_normalised_negative_log_likelihood"),
-    ("Every wrong argument raises ValueError/TypeError naming it.",
-     "tests/test_semicrf_api.py::test_bad_argument_raises_naming_it"),
-    ("The Triton backward equals autograd of a brute force for all five inputs.",
-     f"{TRITON}::test_log_gradients_against_brute_force"),
-    ("Triton gradients are bitwise identical on repeated runs (no atomics on outputs).",
-     f"{TRITON}::test_gradients_are_bitwise_deterministic"),
-    ("Triton Viterbi follows the reference's tie rule.", f"{TRITON}::test_viterbi_against_oracle_with_ties"))
+INVARIANTS = ("tests/test_verify.py::test_every_semicrf_route_passes_quick", *(f"{REF}::{name}" for name in (
+    "test_partition_matches_oracle", "test_viterbi_ties_prefer_shorter_duration_then_smaller_label",
+    "test_log_gradients_match_brute_force", "test_max_gradients_are_the_best_path_indicator",
+    "test_impossible_sequence_gives_neg_inf_and_zero_gradients", "test_repeated_runs_are_bitwise_identical",
+    "test_float32_stays_accurate_at_T_100000")), f"{EXACT}::test_edges_mean_the_streaming_convention",
+    f"{EXACT}::test_counting_gives_exact_counts", f"{HEAD}::test_nll_is_a_normalised_negative_log_likelihood",
+    "tests/test_semicrf_api.py::test_bad_argument_raises_naming_it",
+    *(f"{TRITON}::{name}" for name in ("test_log_gradients_against_brute_force",
+                                      "test_gradients_are_bitwise_deterministic",
+                                      "test_viterbi_against_oracle_with_ties")))
 
 GUIDE, TRACE = "guide/semicrf", "semicrf/partition-triton.md"
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
