@@ -423,6 +423,34 @@ def _strays_in_last(case: Any) -> Any:
     return _index_changed("ids", stray)(case)
 
 
+def _first_id_in_last(case: Any) -> Any:
+    """The ids form of ``case`` with 0 (the first segment's id, a valid one) as the id of the last segment's second
+    row: a row outside the bounds its id's segment was searched to have."""
+    N, last = sum(case.problem.lengths), case.problem.lengths[-1]
+    if last < 2:
+        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {last}")
+    return _index_changed("ids", lambda ids: ids.index_fill(0, torch.tensor([N - last + 1], device=ids.device), 0))(
+        case)
+
+
+def _stray_in_long_segment_1(case: Any) -> Any:
+    """The ids form of ``case`` with its first long segment (more rows than a short one) numbered 1 (its length and
+    segment 1's swapped) and num_segments as the id of that segment's second row: a workspace slot holding no
+    chunk of this call is tagged -1, which must not pass for segment 1's tag (nor for any segment's)."""
+    lengths, short = list(case.problem.lengths), triton_ops.short_rows(case.device)
+    long = next((s for s, n in enumerate(lengths) if n > short), None)
+    if long is None or len(lengths) < 2:
+        raise ValueError(f"the bad input needs two segments, one of more than {short} rows: {lengths}")
+    lengths[1], lengths[long] = lengths[long], lengths[1]
+    second = lengths[0] + 1
+
+    def stray(ids: torch.Tensor) -> torch.Tensor:
+        moved = _index("ids", lengths)["ids"].to(ids.device, ids.dtype)
+        return moved.index_fill(0, torch.tensor([second], device=ids.device), len(lengths))
+
+    return _index_changed("ids", stray)(case)
+
+
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = dict(tensors=("x",))
 BAD_INPUTS = (
@@ -437,6 +465,7 @@ BAD_INPUTS = (
     ("offsets", "not starting at 0", _index_changed("offsets", lambda o: o + 1)),
     ("offsets", "a negative first entry", _index_changed("offsets", lambda o: torch.cat([o[:1] - 1, o[1:]]))),
     ("offsets", "not ending at N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] + 1]))),
+    ("offsets", "ending below N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] - 1]))),
     ("offsets", "float dtype", _index_changed("offsets", lambda o: o.double())),
     ("offsets", "on another device", _index_changed("offsets", lambda o: o.to("meta"))),
     ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0))),
@@ -444,6 +473,8 @@ BAD_INPUTS = (
     ("ids", "negative", _index_changed("ids", lambda i: i - 1)),
     ("ids", "the last alone at num_segments", _last_alone_past),
     ("ids", "num_segments at rows inside the last segment", _strays_in_last),
+    ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES),
+    ("ids", "the first segment's id inside the last segment", _first_id_in_last),
     ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
     ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),
