@@ -7,6 +7,7 @@
 #     bash benchmarks/gpu_session.sh overhead   # python -m benchmarks overhead: public calls vs a trivial op, kernels
 #     bash benchmarks/gpu_session.sh breakdown  # python -m benchmarks breakdown: every CUDA kernel of a public call
 #     bash benchmarks/gpu_session.sh check      # python -m benchmarks check: the families' GPU checks beyond timing
+#     bash benchmarks/gpu_session.sh mutate     # sentinel mutate on the host's CPU (interpreter), kept across calls
 # Families are discovered, never named here: verify and sanitize loop over sentinel's registry (the family folders
 # of kernels/), the benchmark phases over the benchmark adapters (benchmarks.adapters.families()); FAMILIES
 # (space-separated) narrows both. Every step runs under its own time limit, its output is appended to
@@ -26,12 +27,18 @@
 # family's saved record of the same sources (copy the earlier part into traces/verification/ first). With
 # VERIFY_EXTRAS=1, verify also runs the GPU tests (GPU_TESTS; default: tests/test_gpu_call_path.py and each
 # family's tests/test_<family>_triton.py, else tests/test_<family>.py).
+# mutate runs `sentinel mutate --record` per family on the host's CPU (the Triton interpreter, no GPU), a seeded
+# sample (MUTATE_N 60, MUTATE_SEED 0) over MUTATE_JOBS workers (default: the CPUs less VERIFY_JOBS and 2), for at most
+# MUTATE_TIMEOUT seconds (540). A run that does not finish in one call goes on in the next: it keeps its state in
+# traces/verification/mutation/<family>-progress.json.gz (read when present), returned as $OUT/<family>-progress.json.gz
+# with $OUT/<family>.json, the record, once every mutant has settled (then delete the progress file). It uses only
+# CPUs, so it can run beside verify or sanitize on one host: start the two phases with different OUT folders.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead|breakdown|check}
-case "$PHASE" in verify|sanitize|bench|overhead|breakdown|check) ;; *) echo "unknown phase $PHASE" >&2; exit 2;; esac
+PHASE=${1:?usage: gpu_session.sh verify|sanitize|bench|overhead|breakdown|check|mutate}
+case "$PHASE" in verify|sanitize|bench|overhead|breakdown|check|mutate) ;; *) echo "unknown phase $PHASE" >&2; exit 2;; esac
 # Every phase stamps what it writes with a commit, and the copy of the tree sent here has no .git of its own (or a
 # stale one): the caller names the commit it sent.
 if [ -z "${SENTINEL_COMMIT:-}" ]; then
@@ -106,6 +113,25 @@ if [ "$PHASE" = verify ] || [ "$PHASE" = sanitize ]; then
     # shellcheck disable=SC2086 # GPU_TESTS is a list of files
     step gpu-tests timeout "$TESTS_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS
   fi
+elif [ "$PHASE" = mutate ]; then
+  MUTATED=${FAMILIES:-$(python3 -c "from kernel_sentinel.registry import families; print(*(f.name for f in families()))")}
+  MUTATE_JOBS=${MUTATE_JOBS:-$(( $(nproc) - VERIFY_JOBS - 2 > 1 ? $(nproc) - VERIFY_JOBS - 2 : 1 ))}
+  mutate_start=$(date +%s)
+  for family in $MUTATED; do
+    left=$(( ${MUTATE_TIMEOUT:-540} - ($(date +%s) - mutate_start) ))
+    if [ "$left" -lt 10 ]; then
+      echo "mutate-$family: not run, MUTATE_TIMEOUT spent" | tee -a "$LOG" >>"$CODES"; failed=1; continue
+    fi
+    progress=traces/verification/mutation/$family-progress.json.gz kept=/tmp/$family-kept.json
+    rm -f "$kept"  # the committed progress file, or a fresh start
+    [ -f "$progress" ] && gunzip -c "$progress" > "$kept"
+    # --foreground: the signal at the limit goes to the run alone, which stops its workers and keeps what settled
+    step "mutate-$family" env CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 timeout --foreground "$left" \
+      python3 -m kernel_sentinel mutate --family "$family" -n "${MUTATE_N:-60}" --seed "${MUTATE_SEED:-0}" \
+      --jobs "$MUTATE_JOBS" --split-after 60 --keep "$kept" --record --json "$OUT/mutate-$family.json"
+    [ -f "$kept" ] && gzip -c "$kept" > "$OUT/$family-progress.json.gz"
+    [ -f "$OUT/mutate-$family.json" ] && cp "traces/verification/mutation/$family.json" "$OUT/"
+  done
 else
   BENCHED=${FAMILIES:-$(python3 -c "from benchmarks.adapters import families; print(*families())")}
   nfam=$(echo "$BENCHED" | wc -w)
