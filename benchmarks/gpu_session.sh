@@ -72,8 +72,11 @@ step() {
   [ "$rc" -eq 0 ] || failed=1
 }
 
-step install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl
+# Once per set of wheels: a phase started beside another (mutate beside sanitize) waits for the other's install
+# (flock) and then finds it done, so it never rewrites /tmp/site under a running phase.
+WHEELS=$(ls -l .whl/*.whl | md5sum | cut -c1-12)
+step install flock /tmp/site.lock sh -c "[ -f /tmp/site/.wheels-$WHEELS ] || { python3 -m pip install -q --no-index \
+  --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.wheels-$WHEELS; }"
 # The tree's folders import as provable_kernels and kernel_sentinel (setup.py): link them, no install needed.
 mkdir -p /tmp/import && ln -sfn "$PWD/kernels" /tmp/import/provable_kernels \
   && ln -sfn "$PWD/sentinel" /tmp/import/kernel_sentinel
