@@ -231,12 +231,15 @@ class Adversarial:
 class BadInput:
     """One argument made wrong: ``make(case)`` returns the case with ``argument`` wrong; the call must raise
     ``ValueError`` or ``TypeError`` whose message starts with ``argument``. The tensor-argument ones every family
-    needs come from :func:`kernel_sentinel.cases.standard_bad_inputs`."""
+    needs come from :func:`kernel_sentinel.cases.standard_bad_inputs`. ``device_mode(case, outputs)`` (optional)
+    raises ``AssertionError`` when the outputs of a device-mode run that did not raise break what the family
+    promises for this input beyond "non-finite somewhere" (e.g. which elements are NaN)."""
 
     argument: str
     what: str
     routes: tuple[str, ...]
     make: Callable[[Case], Case]
+    device_mode: Optional[Callable[[Case, dict], None]] = None
 
 
 @dataclass(frozen=True)

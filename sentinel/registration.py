@@ -61,9 +61,11 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
 - ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
   ``other_device``, ``rejects_nan``, ``rejects_inf``, and ``routes``, default the part's), or a tuple of them.
-- ``BAD_INPUTS``: ``(argument, what, value[, routes])``: the tiny case with ``argument`` replaced by ``value``, or
-  by ``value(case)`` when it is callable (which may also return a whole new case); the call must raise an error
-  naming ``argument``. Routes default to the part's.
+- ``BAD_INPUTS``: ``(argument, what, value[, routes[, device_mode]])``: the tiny case with ``argument`` replaced by
+  ``value``, or by ``value(case)`` when it is callable (which may also return a whole new case); the call must
+  raise an error naming ``argument``. Routes default to the part's (None: the part's). ``device_mode(case,
+  outputs)``: what the outputs of a device-mode run that does not raise must show beyond a non-finite element
+  (raises ``AssertionError``; :class:`~kernel_sentinel.family.BadInput`).
 - ``BATCH_ITEMS``: ``(what, routes, dims[, summed])`` for items along dimensions
   (:func:`kernel_sentinel.cases.batch_along`), or ``(what, routes, (split, join, outputs)[, summed])``
   (:class:`~kernel_sentinel.family.BatchItems`).
@@ -290,14 +292,15 @@ class Reader:
         routes = _globs(options.pop("routes", self.part.routes))
         return Adversarial(name, routes, lambda case: self.changed(case, name, change), expect=expected, **options)
 
-    def bad_input(self, argument: str, what: str, value: Any, routes: Any = None) -> BadInput:
+    def bad_input(self, argument: str, what: str, value: Any, routes: Any = None,
+                  device_mode: Optional[Callable[[Case, dict], None]] = None) -> BadInput:
         def make(case: Case) -> Case:
             new = value(case) if callable(value) else value
             if isinstance(new, Case):
                 return new.with_kwargs(f"{new.description}; {argument}: {what}")
             return cases.replace_argument(case, argument, new, what)
 
-        return BadInput(argument, what, self.part.routes if routes is None else _globs(routes), make)
+        return BadInput(argument, what, self.part.routes if routes is None else _globs(routes), make, device_mode)
 
     def standard_bad_inputs(self, routes: Any = None, **options: Any) -> tuple[BadInput, ...]:
         return cases.standard_bad_inputs(self.part.routes if routes is None else _globs(routes), **options)

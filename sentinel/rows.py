@@ -284,8 +284,10 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
         else:
             notes.append(f"{label}: accepted without error")
     poisoned = 0
-    for index, (raised, finite, unwritten) in _device_mode_runs(run, base, rejected).items():
+    for index, (raised, finite, unwritten, broken) in _device_mode_runs(run, base, rejected).items():
         poisoned += not raised
+        if broken:
+            notes.append(f"{items[index].argument} ({items[index].what}): device mode: {broken}")
         if not raised and finite:
             notes.append(f"{items[index].argument} ({items[index].what}): device mode returned only numbers (a bad "
                          f"value became a silent number)")
@@ -297,7 +299,8 @@ def check_bad_input(run: RouteRun, repro: str) -> CheckResult:
     return _summarized("bad_input", notes, summary, (), repro)
 
 
-DeviceModeRun = tuple[bool, bool, tuple[str, ...]]  # raised, every output finite, the outputs left part unwritten
+# raised, every output finite, the outputs left part unwritten, what the bad input's device_mode found ("": nothing)
+DeviceModeRun = tuple[bool, bool, tuple[str, ...], str]
 
 
 def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict[int, DeviceModeRun]:
@@ -328,27 +331,35 @@ def _in_turn(spawn: Callable[[tuple[int, ...]], Any], indices: Sequence[int]) ->
         if not isinstance(done, list):
             if str(done[1]).startswith("raised"):
                 raise RuntimeError(f"the device-mode process could not run the route's bad inputs: {done[1]}")
-            done = [(True, False, ())]
+            done = [(True, False, (), "")]
         results.update(zip(pending, done))
         pending = pending[len(done):]
     return results
 
 
 def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> DeviceModeRun:
-    """(whether the route raised, whether every output was finite, which outputs have elements no kernel wrote)
-    for its bad input ``index`` in device mode, run twice: with allocations poisoned with NaN and with a finite
-    second poison (:func:`provable_kernels.alloc.poisoned`), so that an unwritten element, NaN in the first run,
-    differs between them."""
+    """(whether the route raised, whether every output was finite, which outputs have elements no kernel wrote, what
+    the bad input's ``device_mode`` expectation found) for its bad input ``index`` in device mode, run twice: with
+    allocations poisoned with NaN and with a finite second poison (:func:`provable_kernels.alloc.poisoned`), so
+    that an unwritten element, NaN in the first run, differs between them; the expectation sees the second run
+    (where an unwritten element is a number)."""
     item = bad_inputs_of(family, route_id)[index]
     runs = []
     try:
         for alternate in (False, True):
             with value_checks("device"), alloc.poisoned(alternate):
-                runs.append(family.run(item.make(base)))
+                case = item.make(base)
+                runs.append(family.run(case))
     except Exception:  # loud, not a silent number
-        return True, False, ()
+        return True, False, (), ""
     outputs, again = runs
-    return False, not non_finite(outputs), tuple(differences(again, outputs))
+    broken = ""
+    if item.device_mode is not None:
+        try:
+            item.device_mode(case, again)
+        except AssertionError as exc:
+            broken = str(exc)
+    return False, not non_finite(outputs), tuple(differences(again, outputs)), broken
 
 
 def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
@@ -368,7 +379,7 @@ def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype:
             if device != "cpu":
                 torch.cuda.synchronize()  # an asynchronous device assertion raises here
         except Exception:  # the context is gone: this one raised, a new process goes on with the rest
-            return [*results, (True, False, ())]
+            return [*results, (True, False, (), "")]
         results.append(outcome)
     return results
 

@@ -201,8 +201,8 @@ def test_device_mode_processes_go_on_after_a_death_and_fail_when_the_route_canno
 
     assert _in_turn(asserts_at_1, (0, 1, 2)) == {0: (False, False), 1: (True, False), 2: (False, False)}
     assert children == [(0, 1, 2), (2,)]
-    assert _in_turn(lambda pending: in_child(lambda: os._exit(3), "fork"), (4, 5)) == {4: (True, False, ()),
-                                                                                       5: (True, False, ())}
+    assert _in_turn(lambda pending: in_child(lambda: os._exit(3), "fork"), (4, 5)) == {4: (True, False, (), ""),
+                                                                                       5: (True, False, (), "")}
     with pytest.raises(RuntimeError, match="could not run the route's bad inputs: raised KeyError"):
         _in_turn(lambda pending: in_child(lambda: {}["no such family"], "fork"), (0,))
 
@@ -653,13 +653,27 @@ def test_planted_nan_flag_bug_fails_bad_input_in_device_mode():
 def test_planted_unwritten_segment_fails_bad_input_in_device_mode():
     """Segment's short programs trusting that a long segment's last-chunk program finishes it without checking that
     this program finds the same segment: with unsorted ids in device mode that segment's output is then never
-    written, which only the two-poison comparison of ``bad_input`` sees (NaN is a correct output there)."""
+    written. The two-poison comparison of ``bad_input`` sees it (NaN is a correct output there), and so does the
+    family's rule for where bad ids put NaN (the unwritten value is a number in the finite-poison run)."""
     route = "segment.triton.sum.train.ids"
     planted_last = planted_failure(
         "segment", route, "bad_input", "kernels/segment/triton_segment.py", r"return exists & \(found == s\)",
         "exists & (found == s)", "exists")
-    assert planted_last.startswith(f"{route} float32 bad_input: ids (unsorted): device mode left elements "
-                                   f"unwritten"), planted_last
+    assert planted_last.startswith(f"{route} float32 bad_input: ids (unsorted): device mode: value: NaN at"), \
+        planted_last
+    assert "ids (unsorted): device mode left elements unwritten" in planted_last, planted_last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
+def test_planted_gradient_of_a_row_past_its_segment_fails_bad_input_in_device_mode():
+    """The backward keeping the gradient of a row that lies past its id's segment (``rows < end`` dropped from
+    ``inside``): other rows stay NaN, so only the family's rule for where bad ids put NaN sees it."""
+    route = "segment.triton.max_backward"
+    planted_last = planted_failure(
+        "segment", route, "bad_input", "kernels/segment/triton_segment.py",
+        r"inside = \(start <= rows\) & \(rows < end\) & ", "(rows < end) & ", "")
+    assert planted_last.startswith(f"{route} float32 bad_input: ids (unsorted): device mode: grad_x: NaN at"), \
+        planted_last
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")

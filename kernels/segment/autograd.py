@@ -4,7 +4,8 @@ calls skip the dispatcher), with their fake (meta) implementations and autograd.
 - ``provable_kernels::segment_forward(x2, offsets, ids, num_segments, reduce, empty, want_arg, host_checked) ->
   (out, arg, csr)``: ``x2`` (N, D); exactly one of ``offsets`` (S+1,) and ``ids`` (N,); ``out`` (S, D) in x2.dtype;
   ``arg`` (S, D) int32 (the first-occurrence row) for max / min when ``want_arg``, else (0,); ``csr`` the (S+1,)
-  int32 offsets built from ``ids`` (ids form), else (0,). ``host_checked``: the index values were checked on the
+  int32 offsets built from ``ids`` (ids form; unwritten without segments or columns, when the backward reads
+  nothing), else (0,). ``host_checked``: the index values were checked on the
   host (see ``triton_ops``).
 - ``provable_kernels::segment_backward(grad, csr, ids, arg, reduce, rows) -> grad_x`` (rows, D).
 

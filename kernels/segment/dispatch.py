@@ -3,8 +3,8 @@
 Conventions are in :mod:`provable_kernels.segment.call`. The tree asks, in order: which entry point (``reduce``:
 segment_reduce, ``adjoint``: segment_max_backward / segment_min_backward), the backend, the reduction; for
 Triton, whether a gradient is wanted, then for inference the shape regime (no segment can be long: one pass; or
-long segments cut into chunks, combined by their last chunk's program) and for training the index form (offsets or ids). The PyTorch
-backend runs the same code with or without a gradient, and both index forms through CSR offsets.
+long segments cut into chunks, combined by their last chunk's program) and for training the index form (offsets or
+ids). The PyTorch backend runs the same code with or without a gradient, and both index forms through CSR offsets.
 """
 from __future__ import annotations
 

@@ -13,11 +13,15 @@ import math
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from provable_kernels.segment import oracle, torch_ops, triton_ops
+from provable_kernels.segment import dispatch
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.segment.triton_segment import FAN, segment_chunk_kernel
+from provable_kernels.validate import value_checks
+from provable_kernels.segment.triton_segment import FAN, chunk_rows, segment_chunk_kernel
 
 
 def across_the_epochs_wrap(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -288,9 +292,40 @@ def nan_propagates(check: Any, case: Any) -> None:
         check.close(f"{name} (non-NaN entries)", got[name].cpu()[~torch.isnan(value)], value[~torch.isnan(value)])
 
 
+@triton.jit
+def _chunk_rows_of(lengths_ptr, out_ptr, K: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr,
+                   TARGET: tl.constexpr):
+    k = tl.arange(0, K)
+    tl.store(out_ptr + k, chunk_rows(tl.load(lengths_ptr + k), MIN_CHUNK, DOUBLINGS, TARGET))
+
+
+def chunks_follow_the_rule(check: Any, case: Any) -> None:
+    """The kernels cut a long segment of n rows into chunks of the least power of two >= min_chunk rows holding n in
+    at most target chunks, capped at min_chunk * 2**doublings (``triton_ops.Sizes`` of the case's device): against
+    that rule as a Python loop, at each doubling's threshold (target chunks of r rows, one row less and one more),
+    0, 1 and past the cap. The chunking moves only a sum's rounding, within tolerance, so no value check sees it."""
+    z = triton_ops.sizes(1, case.device)
+    cap = z.min_chunk << z.doublings
+    lengths = [0, 1, 2 * cap * z.target] + [(z.min_chunk << i) * z.target + d for i in range(z.doublings + 1)
+                                            for d in (-1, 0, 1)]
+    want = []
+    for n in lengths:
+        rows = z.min_chunk
+        while rows < cap and rows * z.target < n:
+            rows *= 2
+        want.append(rows)
+    K = triton.next_power_of_2(len(lengths))
+    n = torch.tensor(lengths + [0] * (K - len(lengths)), dtype=torch.int32, device=case.device)
+    out = torch.empty_like(n)
+    _chunk_rows_of[(1,)](n, out, K=K, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings, TARGET=z.target)
+    got = out[:len(lengths)].tolist()
+    check.expect(got == want, f"chunk rows of lengths {lengths}: {got}, the rule gives {want}")
+
+
 REDUCE_ROUTES = ("segment.triton.*.infer.*", "segment.triton.*.train.*", "segment.torch.sum", "segment.torch.mean",
                  "segment.torch.max", "segment.torch.min")
 TIED = lambda pick: example(pick, integers=True)  # noqa: E731
+CHUNKED_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.triton.*_backward")
 # About one property per route and dtype (the interpreter is slow): every route has at least one at every dtype.
 PROPERTIES = (
     ("permuting rows within a segment: same value, max/min gradient moves to the new first occurrence",
@@ -303,6 +338,7 @@ PROPERTIES = (
     ("ties in integer data: the adjoint gives the whole gradient to the first occurrence, either sign",
      "segment.*_backward", ties, (), TIED),
     ("NaN propagates to its segment; the first NaN is the arg", ALL, nan_propagates, (F16,)),
+    ("a long segment's chunks follow the documented rule", CHUNKED_ROUTES, chunks_follow_the_rule, (F32,)),
 )
 FINITE_DIFFERENCES = REDUCE_ROUTES[2:]
 
@@ -451,6 +487,33 @@ def _stray_in_long_segment_1(case: Any) -> Any:
     return _index_changed("ids", stray)(case)
 
 
+def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
+    """Which outputs the Triton kernels make NaN for bad ids in device mode, read against the forward's ``csr`` (the
+    bounds its search over the ids found, :mod:`provable_kernels.segment.autograd`): segment s's value is NaN when
+    the first id lies below 0 or the last at S or above, when its bounds are reversed, or when a row inside them
+    holds another id; row r's gradient is NaN when r lies outside the bounds of its id's segment (the id clamped
+    into 0 .. S - 1, and it must be r's own id) or ``csr`` does not run from 0 to N. Elsewhere nothing is NaN."""
+    kw = case.kwargs
+    if not case.route_id.startswith("segment.triton.") or kw.get("ids") is None:
+        return
+    x, ids = kw["x"].detach(), kw["ids"]
+    N, S = x.shape[0], kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
+    with value_checks("device"):
+        csr = dispatch._forward(make_call("reduce", x, "sum", None, ids, S, 0.0, True), False)[2].cpu().tolist()
+    ids = ids.cpu().tolist()
+    in_range = N == 0 or (ids[0] >= 0 and ids[-1] < S)
+    spoiled = [not in_range or csr[s] > csr[s + 1] or any(i != s for i in ids[csr[s]:csr[s + 1]]) for s in range(S)]
+    spans = csr[0] == 0 and csr[S] == N
+    seg = [min(max(i, 0), max(S - 1, 0)) for i in ids]
+    outside = [not (spans and i == s and csr[s] <= r < csr[s + 1]) for r, (i, s) in enumerate(zip(ids, seg))]
+    for name, want in (("value", spoiled), ("grad_x", outside)):
+        if name in outputs:
+            got = torch.isnan(outputs[name].reshape(len(want), -1).cpu())
+            assert got.any(1).tolist() == got.all(1).tolist() == want, (
+                f"{name}: NaN at {torch.nonzero(got.any(1)).flatten().tolist()}, the ids' misplacement gives "
+                f"{[k for k, bad in enumerate(want) if bad]} (csr {csr})")
+
+
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = dict(tensors=("x",))
 BAD_INPUTS = (
@@ -468,13 +531,14 @@ BAD_INPUTS = (
     ("offsets", "ending below N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] - 1]))),
     ("offsets", "float dtype", _index_changed("offsets", lambda o: o.double())),
     ("offsets", "on another device", _index_changed("offsets", lambda o: o.to("meta"))),
-    ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0))),
-    ("ids", "out of range", _index_changed("ids", lambda i: i + 10)),
-    ("ids", "negative", _index_changed("ids", lambda i: i - 1)),
-    ("ids", "the last alone at num_segments", _last_alone_past),
-    ("ids", "num_segments at rows inside the last segment", _strays_in_last),
-    ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES),
-    ("ids", "the first segment's id inside the last segment", _first_id_in_last),
+    ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0)), None, nan_where_the_ids_misplace),
+    ("ids", "out of range", _index_changed("ids", lambda i: i + 10), None, nan_where_the_ids_misplace),
+    ("ids", "negative", _index_changed("ids", lambda i: i - 1), None, nan_where_the_ids_misplace),
+    ("ids", "the last alone at num_segments", _last_alone_past, None, nan_where_the_ids_misplace),
+    ("ids", "num_segments at rows inside the last segment", _strays_in_last, None, nan_where_the_ids_misplace),
+    ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES,
+     nan_where_the_ids_misplace),
+    ("ids", "the first segment's id inside the last segment", _first_id_in_last, None, nan_where_the_ids_misplace),
     ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
     ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),

@@ -39,7 +39,7 @@ def first_arg(x2: Tensor, csr: Tensor, reduce: str) -> Tensor:
     top = top.masked_fill(has_nan, float("nan"))
     seg = row_segments(csr, N)
     at = top[seg]
-    match = (key == at) | (nan & torch.isnan(at))
+    match = (key == at) | nan  # a NaN row's segment has top NaN there (has_nan)
     rows = torch.arange(N, device=x2.device)[:, None].expand(N, D)
     cand = torch.where(match, rows, N)
     init = torch.full((S, D), N, dtype=torch.int64, device=x2.device)

@@ -4,8 +4,8 @@
 ``backward(grad (S, D), csr, ids, arg, reduce, rows) -> grad_x (N, D)``, on a 2-D view ``x2`` (N, D) of ``x``
 (any strides). ``arg`` (S, D) int32 is the row of the first maximum (minimum) per (segment, column), written
 for max / min when ``want_arg`` (-1 for empty segments); it is a (0,) placeholder otherwise. ``csr`` is the (S+1,)
-int32 offsets the forward found from ``ids`` (ids form; the backward reads them), a (0,) placeholder with
-``offsets``. ``host_checked``: the index values were checked on the host (host mode), so the forward skips the
+int32 offsets the forward found from ``ids`` (ids form; the backward reads them), left unwritten when there is no
+segment or no column (no launch: the backward then launches nothing either), a (0,) placeholder with ``offsets``. ``host_checked``: the index values were checked on the host (host mode), so the forward skips the
 per-row id check. Every allocation goes through :func:`provable_kernels.alloc.empty`.
 
 Each launch configuration is a plan made once per signature (:func:`forward_plan`, :func:`backward_plan`:
@@ -180,9 +180,7 @@ class ForwardPlan:
         here)."""
         csr = offsets
         if self.ids_form:
-            csr = alloc.empty((self.S + 1,), dtype=torch.int32, device=self.device)
-            if self.chunk is None:  # no segment: csr = [0] (rows without a segment are a bad index)
-                csr.zero_()
+            csr = alloc.empty((self.S + 1,), dtype=torch.int32, device=self.device)  # written by the launch
         if self.chunk is not None:
             self.chunk(x2, csr, ids if self.ids_form else csr, out, arg, *scratch(self.workspaces))
         return csr

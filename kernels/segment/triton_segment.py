@@ -62,8 +62,9 @@ POLLS = tl.constexpr(1 << 24)  # flag polls before a waiting program gives up (i
 def _count_below(ptr, targets, size, STRICT: tl.constexpr):
     """For each target of the block ``targets`` (M,): how many of ``ptr[0 .. size - 1]`` (sorted; ``size`` a scalar
     or one per target) lie below it (STRICT: ``<``) or at or below it (``<=``): a FAN-ary search, FAN probes per
-    step, log_FAN(size + 1) dependent loads (a binary search takes five times as many). Whatever the memory holds (unsorted values in device mode)
-    it reads nothing outside ``ptr[0 .. size - 1]``, ends, and returns a count in 0 .. size. int32 (M,)."""
+    step, log_FAN(size + 1) dependent loads (a binary search takes five times as many). Whatever the memory holds
+    (unsorted values in device mode) it reads nothing outside ``ptr[0 .. size - 1]``, ends, and returns a count in
+    0 .. size. int32 (M,)."""
     j = tl.arange(0, FAN)
     lo = (targets * 0).to(tl.int32)  # every element below lo counts, none from hi on
     hi = lo + size
@@ -301,20 +302,24 @@ def _short_segments(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, pid, N, S, D,
 
 
 @triton.jit
+def _slot_word(ptr, slot):
+    """The address of workspace slot ``slot``'s word for this column block, in a (slots, column blocks) int32 array
+    (the tags, the flags)."""
+    return ptr + slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+
+
+@triton.jit
 def _wait_published(flags_ptr, first, stop, epoch, LANES: tl.constexpr):
     """Wait until the programs of slots ``first .. stop - 1`` (this column block) have published their partials in
     this call (flag == ``epoch``, read with acquire semantics, LANES slots at a time), then a barrier; at most POLLS
     polls. True when they all have."""
-    columns = tl.num_programs(1)
-    column = tl.program_id(1)
     lane = tl.arange(0, LANES)
     t = first
     polls = 0
     while (t < stop) & (polls < POLLS):
         slot = t + lane
         live = slot < stop
-        seen = tl.atomic_or(flags_ptr + slot.to(tl.int64) * columns + column, 0, mask=live, sem="acquire",
-                            scope="gpu")
+        seen = tl.atomic_or(_slot_word(flags_ptr, slot), 0, mask=live, sem="acquire", scope="gpu")
         t = tl.where(tl.max((live & (seen != epoch)).to(tl.int32), axis=0) == 0, t + LANES, t)
         polls += 1
     tl.debug_barrier()
@@ -326,15 +331,14 @@ def _publish(flags_ptr, q, epoch):
     """Slot q's partial (this column block) is written: a barrier (every thread's stores are done), then the flag
     set to ``epoch`` with release semantics."""
     tl.debug_barrier()
-    tl.atomic_xchg(flags_ptr + q.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), epoch, sem="release",
-                   scope="gpu")
+    tl.atomic_xchg(_slot_word(flags_ptr, q), epoch, sem="release", scope="gpu")
 
 
 @triton.jit
 def _long_chunk(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_i_ptr, tag_ptr, flags_ptr, epoch, q,
                 N, S, D, stride_xn, stride_xd, cols64, cmask, SHORT: tl.constexpr, LANES: tl.constexpr,
-                COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
-                REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr,
+                COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr,
+                BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr,
                 CHECK_IDS: tl.constexpr):
     """Workspace slot q: chunk j = q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there
     is one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag
@@ -368,7 +372,7 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_
     tl.store(part_v_ptr + part_at, v, mask=keep)
     if REDUCE >= 2:
         tl.store(part_i_ptr + part_at, i, mask=keep)
-    tl.store(tag_ptr + q.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), tl.where(real, s, -1))
+    tl.store(_slot_word(tag_ptr, q), tl.where(real, s, -1))
     _publish(flags_ptr, q, epoch)
     if valid & (length > SHORT) & (j == chunks - 1):  # the last chunk (the short part leaves the segment to it)
         first = a // SHORT
@@ -383,8 +387,9 @@ def segment_chunk_kernel(
     x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, ws_ptr, flags_ptr, epoch,
     N, S, D, long_programs, short_programs, stride_xn, stride_xd, EMPTY_HI, EMPTY_LO,
     SHORT: tl.constexpr, SHORT_LANES: tl.constexpr, SHORT_GROUPS: tl.constexpr, LANES: tl.constexpr,
-    COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr, BD: tl.constexpr,
-    REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr, CHECK_IDS: tl.constexpr,
+    COMBINE_LANES: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr, TARGET: tl.constexpr,
+    BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr, ACC: tl.constexpr, IDS: tl.constexpr,
+    CHECK_IDS: tl.constexpr,
 ):
     """``long_programs`` programs (N // SHORT workspace slots) reduce one chunk of a long segment each, the last
     chunk's program finishing the segment (:func:`_long_chunk`), ``short_programs`` the short segments
@@ -418,16 +423,15 @@ def _combine_segment(part_v_ptr, part_i_ptr, tag_ptr, out_ptr, arg_ptr, s, first
                      cmask, LANES: tl.constexpr, BD: tl.constexpr, REDUCE: tl.constexpr, STORE_ARG: tl.constexpr,
                      ACC: tl.constexpr):
     """Long segment s of ``length`` rows: its partials, in slots ``first .. stop - 1``, reduced by LANES lanes (lane
-    l reads partials l, l + LANES, ...), as a program of short segments reduces rows. NaN when a slot's tag (this column block)
-    is not s or not ``ok`` (the index's ends, and every slot published)."""
+    l reads partials l, l + LANES, ...), as a program of short segments reduces rows. NaN when a slot's tag (this
+    column block) is not s or not ``ok`` (the index's ends, and every slot published)."""
     lane = tl.arange(0, LANES)
     v, i, _ = _reduce_lanes(part_v_ptr, part_i_ptr, tag_ptr, s, first + lane, stop + lane * 0, cols64, cmask,
                             D, 1, 1, LANES, BD, REDUCE, ACC, True, False)
     foreign = tl.zeros([LANES], tl.int32)
     for t in range(0, tl.cdiv(stop - first, LANES)):
         slot = first + t * LANES + lane
-        tag = tl.load(tag_ptr + slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), mask=slot < stop,
-                      other=s, cache_modifier=".cg")
+        tag = tl.load(_slot_word(tag_ptr, slot), mask=slot < stop, other=s, cache_modifier=".cg")
         foreign = foreign | (tag != s).to(tl.int32)
     bad = (tl.max(foreign, axis=0) != 0) | ~ok
     value = tl.where(bad, float("nan"), _finish(v, length.to(ACC), REDUCE))
