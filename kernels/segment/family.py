@@ -17,10 +17,8 @@ import triton
 import triton.language as tl
 
 from provable_kernels.segment import oracle, torch_ops, triton_ops
-from provable_kernels.segment import dispatch
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.validate import value_checks
 from provable_kernels.segment.triton_segment import FAN, chunk_rows, segment_chunk_kernel
 
 
@@ -441,15 +439,20 @@ def _last_alone_past(case: Any) -> Any:
     return _index_changed("ids", lambda i: torch.cat([i[:-1], i.new_full((1,), S)]))(case)
 
 
+def _last_segment(case: Any) -> tuple[int, int]:
+    """``(first, N)``: the case's last segment holds rows first .. N - 1, two or more (a bad input built inside it
+    needs them)."""
+    N, last = sum(case.problem.lengths), case.problem.lengths[-1]
+    if last < 2:
+        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {last}")
+    return N - last, N
+
+
 def _strays_in_last(case: Any) -> Any:
     """The ids form of ``case`` with num_segments as the id of some rows inside its last segment, which the
     segments' bounds (searched as if the ids were sorted) do not see: its second to last row, and every row that
     ends a tile of short rows (where a long segment's last chunk looks up whose it is)."""
-    S, N = len(case.problem.lengths), sum(case.problem.lengths)
-    first = N - case.problem.lengths[-1]  # the last segment: rows first .. N - 1
-
-    if N - first < 2:
-        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {N - first}")
+    S, (first, N) = len(case.problem.lengths), _last_segment(case)
 
     def stray(ids: torch.Tensor) -> torch.Tensor:
         short = triton_ops.short_rows(ids.device)
@@ -462,11 +465,8 @@ def _strays_in_last(case: Any) -> Any:
 def _first_id_in_last(case: Any) -> Any:
     """The ids form of ``case`` with 0 (the first segment's id, a valid one) as the id of the last segment's second
     row: a row outside the bounds its id's segment was searched to have."""
-    N, last = sum(case.problem.lengths), case.problem.lengths[-1]
-    if last < 2:
-        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {last}")
-    return _index_changed("ids", lambda ids: ids.index_fill(0, torch.tensor([N - last + 1], device=ids.device), 0))(
-        case)
+    second = _last_segment(case)[0] + 1
+    return _index_changed("ids", lambda ids: ids.index_fill(0, torch.tensor([second], device=ids.device), 0))(case)
 
 
 def _stray_in_long_segment_1(case: Any) -> Any:
@@ -498,8 +498,7 @@ def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
         return
     x, ids = kw["x"].detach(), kw["ids"]
     N, S = x.shape[0], kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
-    with value_checks("device"):
-        csr = dispatch._forward(make_call("reduce", x, "sum", None, ids, S, 0.0, True), False)[2].cpu().tolist()
+    csr = triton_ops.forward(x.reshape(N, -1), None, ids, S, "sum", 0.0, False, False)[2].cpu().tolist()
     ids = ids.cpu().tolist()
     in_range = N == 0 or (ids[0] >= 0 and ids[-1] < S)
     spoiled = [not in_range or csr[s] > csr[s + 1] or any(i != s for i in ids[csr[s]:csr[s + 1]]) for s in range(S)]
