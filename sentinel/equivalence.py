@@ -88,7 +88,8 @@ def verdict(scratch: mutate.Scratch, family: Any, base: Baseline, entry: dict[st
     path = scratch.dir / entry["file"]
     original = path.read_text()
     key = (entry["file"], entry["before"], entry["after"])
-    mutants = [m for m in mutate.find_mutants(original, entry["file"]) if m.key == key]
+    mutants = [m for m in mutate.find_mutants(original, entry["file"])
+               if m.key == key and entry.get("next", m.following) == m.following]
     if not mutants:
         return "stale", "no mutant of the file has these lines: the code changed; review the entry again"
     notes = []

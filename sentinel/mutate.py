@@ -36,10 +36,13 @@ kept, so that many cores end the run sooner and a stopped run loses little.
 
 Reviewed equivalent mutants (mutants no test can kill because the program means the same) are listed in
 ``kernels/<family>/equivalent_mutants.json``, each with the reason: ``[{"file", "before", "after", "reason"}]``
-where ``before``/``after`` are the mutated line(s) with whitespace collapsed (as printed for survivors). They are
-excluded before sampling. A sampled mutant that survives and that the list names by the end of the run (an entry
-added after reviewing the run's survivors; every entry is shown equivalent by ``tests/test_equivalent_mutants.py``)
-is reported as ``equivalent`` and left out of the kill rate, not counted as killed.
+where ``before``/``after`` are the mutated line(s) with whitespace collapsed (as printed for survivors); an optional
+``"next"`` (the line after them, whitespace collapsed) names one of several identical lines. They are excluded
+before sampling. A sampled mutant that survives and that the list names by the end of the run (an entry added after
+reviewing the run's survivors; every entry is shown equivalent by ``tests/test_equivalent_mutants.py``) is reported
+as ``equivalent`` and left out of the kill rate, not counted as killed. ``--rescore`` does the same for a run that
+has ended: it rewrites each family's record, its survivors that the list names since taken out of the counts
+(nothing runs; the sampled files must be those of the record's commit).
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
 everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` for the site. Exit codes: 0; 1 when
@@ -104,7 +107,8 @@ ATOMS = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.Lis
 @dataclass(frozen=True)
 class Mutant:
     """One planted bug: in ``file`` (repo-relative), characters ``start:end`` of the source become
-    ``replacement``; ``before``/``after`` are the affected lines (whitespace collapsed), ``line`` the first."""
+    ``replacement``; ``before``/``after`` are the affected lines (whitespace collapsed), ``line`` the first, and
+    ``following`` the line after them (whitespace collapsed: it tells apart the mutants of identical lines)."""
 
     file: str
     line: int
@@ -114,6 +118,7 @@ class Mutant:
     replacement: str
     before: str
     after: str
+    following: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -268,7 +273,8 @@ def find_mutants(text: str, file: str) -> list[Mutant]:
         before = " ".join(" ".join(src.lines[first - 1: last]).split())
         delta = replacement.count("\n") - text[start:end].count("\n")
         after = " ".join(" ".join(mutated.splitlines()[first - 1: last + delta]).split())
-        out[mutated] = Mutant(file, first, operator, start, end, replacement, before, after)
+        following = " ".join(src.lines[last].split()) if last < len(src.lines) else ""
+        out[mutated] = Mutant(file, first, operator, start, end, replacement, before, after, following)
     return sorted(out.values(), key=lambda m: (m.start, m.operator, m.replacement))
 
 
@@ -287,21 +293,28 @@ def plant(text: str, pattern: str, old: str, new: str) -> str:
     return text[:start] + found[0].group(0).replace(old, new, 1) + text[end:]
 
 
-def load_equivalents(path: Path) -> dict[tuple[str, str, str], str]:
-    """``{(file, before, after): reason}`` from a reviewed equivalent-mutant file (empty when absent); every entry
-    needs a non-empty reason, and names a mutant no other entry names."""
+def load_equivalents(path: Path) -> dict[tuple[str, str, str, str], str]:
+    """``{(file, before, after, next): reason}`` from a reviewed equivalent-mutant file (empty when absent). An
+    entry names its mutant by file and lines; ``next`` (the line after them, "" when the entry has none) picks one
+    of several identical lines. Every entry needs a non-empty reason, and names a mutant no other entry names."""
     if not path.is_file():
         return {}
     entries = json.loads(path.read_text())
-    out: dict[tuple[str, str, str], str] = {}
+    out: dict[tuple[str, str, str, str], str] = {}
     for i, entry in enumerate(entries):
         if not str(entry.get("reason", "")).strip():
             raise ValueError(f"{path}: entry {i} has no reason; every equivalent mutant needs one")
-        key = (entry["file"], entry["before"], entry["after"])
+        key = (entry["file"], entry["before"], entry["after"], entry.get("next", ""))
         if key in out:
             raise ValueError(f"{path}: entry {i} names the mutant of an earlier entry ({key[0]}: {key[2]})")
         out[key] = entry["reason"]
     return out
+
+
+def listed_reason(equivalents: dict[tuple[str, str, str, str], str], mutant: Mutant) -> Optional[str]:
+    """The reason ``equivalents`` (:func:`load_equivalents`) gives for ``mutant``: by an entry naming its next line,
+    else by one naming none. None when it is not listed."""
+    return equivalents.get((*mutant.key, mutant.following)) or equivalents.get((*mutant.key, ""))
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -887,6 +900,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep the unmutated run and every finished mutant's outcome in PATH, and go on from them "
                         "while the family's and the verifier's sources, the routes, the seed and the versions of "
                         "Python, torch, Triton and NumPy are the same (one family)")
+    p.add_argument("--rescore", action="store_true",
+                   help="rewrite each family's record, its survivors that equivalent_mutants.json names since "
+                        "marked equivalent (nothing runs)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
@@ -916,7 +932,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         return None
     equivalents = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)
     candidates = [m for f in files for m in find_mutants((repo / f).read_text(), f)]
-    kept = [m for m in candidates if m.key not in equivalents]
+    kept = [m for m in candidates if listed_reason(equivalents, m) is None]
     sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
                     key=lambda m: (m.file, m.start))
     made = [Scratch(repo) for _ in range(args.jobs)]
@@ -971,11 +987,60 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                      args.seed)
 
 
-def with_equivalents(outcomes: Sequence[Outcome], shown: dict[tuple[str, str, str], str]) -> list[Outcome]:
+def with_equivalents(outcomes: Sequence[Outcome], shown: dict[tuple[str, str, str, str], str]) -> list[Outcome]:
     """``outcomes`` with each survivor that ``shown`` (:func:`load_equivalents`) names marked ``equivalent``, its
     reason as ``by``; killed and unreached mutants stay as they are."""
-    return [dataclasses.replace(o, status="equivalent", by=shown[o.mutant.key])
-            if o.status == "survived" and o.mutant.key in shown else o for o in outcomes]
+    return [dataclasses.replace(o, status="equivalent", by=listed_reason(shown, o.mutant))
+            if o.status == "survived" and listed_reason(shown, o.mutant) else o for o in outcomes]
+
+
+def rescore(record: dict[str, Any], equivalents: dict[tuple[str, str, str, str], str],
+            repo: Path) -> dict[str, Any]:
+    """``record`` (a family's mutation record) with each survivor that ``equivalents`` names now taken out of every
+    count and of the kill rate, as :func:`with_equivalents` does at the end of a run. The survivors are found again
+    by their diff in the sampled files under ``repo``, which must be those of the record's commit."""
+    found = {m.diff(): m for f in record["files"] for m in find_mutants((repo / f).read_text(), f)}
+    out = json.loads(json.dumps(record))
+    out["survivors"] = []
+    for survivor in record["survivors"]:
+        if survivor["diff"] not in found:
+            raise ValueError(f"survivor not among the mutants of the sampled files: {survivor['diff']}")
+        mutant = found[survivor["diff"]]
+        if survivor["status"] != "survived" or listed_reason(equivalents, mutant) is None:
+            out["survivors"].append(survivor)
+            continue
+        out["equivalent_sampled"] += 1
+        out["by_operator"][mutant.operator]["mutants"] -= 1
+        out["files"][mutant.file]["mutants"] -= 1
+    out["files"] = {f: {**e, "kill_rate": round(100.0 * e["killed"] / e["mutants"], 1)}
+                    for f, e in out["files"].items() if e["mutants"]}
+    counted = out["sampled"] - out["equivalent_sampled"]
+    out["kill_rate"] = round(100.0 * out["killed"] / counted, 1) if counted else None
+    return out
+
+
+def rescore_records(families: Sequence[Any]) -> int:
+    """``--rescore``: each family's committed record rewritten by :func:`rescore`; 1 when one is missing or its
+    sampled files changed since its commit."""
+    from kernel_sentinel import records
+    from kernel_sentinel.dashboard import MUTATION_DIR_NAME, mutation_is_current
+    from kernel_sentinel.family import REPO_ROOT
+
+    failed = False
+    for family in families:
+        path = REPO_ROOT / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
+        record = json.loads(path.read_text()) if path.is_file() else None
+        if record is None or not mutation_is_current(record):
+            why = "no mutation record" if record is None else "the sampled files changed since the record"
+            console.err.print(f"{family.name}: {why}: run `sentinel mutate --record` again", highlight=False)
+            failed = True
+            continue
+        equivalents = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)
+        summary = rescore(record, equivalents, REPO_ROOT)
+        print_summary(summary)
+        path.write_text(records.dumps(summary))
+        console.err.print(f"rescored {path.relative_to(REPO_ROOT)}")
+    return 1 if failed else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1002,6 +1067,11 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error("--keep keeps the runs of one family: name it with --family")
     if args.record and (args.route or args.files):
         return console.usage_error("--record measures every route and the default files; drop --route / --files")
+    if args.rescore:
+        if args.keep or args.record or args.route or args.files:
+            return console.usage_error("--rescore rewrites the committed records: drop --keep, --record, --route "
+                                       "and --files")
+        return rescore_records(families)
     summaries, failed = [], False
     for family in families:
         commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end

@@ -76,11 +76,43 @@ def test_equivalents_need_a_reason_and_are_matched_by_file_and_lines(tmp_path):
         mutate.load_equivalents(path)
     m = mutate.find_mutants(SOURCE, "k.py")[0]
     path.write_text(json.dumps([{"file": m.file, "before": m.before, "after": m.after, "reason": "same value"}]))
-    assert mutate.load_equivalents(path) == {m.key: "same value"}
+    assert mutate.load_equivalents(path) == {(*m.key, ""): "same value"}
     path.write_text(json.dumps([{"file": m.file, "before": m.before, "after": m.after, "reason": r}
                                 for r in ("same value", "listed twice")]))
     with pytest.raises(ValueError, match="entry 1 names the mutant of an earlier entry"):
         mutate.load_equivalents(path)
+
+
+def test_an_entry_naming_the_next_line_picks_one_of_identical_lines(tmp_path):
+    source = "def f(x, y):\n    if x > 0:\n        y = 1\n    if x > 0:\n        y = 2\n    return y\n"
+    first, second = [m for m in mutate.find_mutants(source, "k.py") if m.after == "if x >= 0:"]
+    assert (first.following, second.following) == ("y = 1", "y = 2")
+    path = tmp_path / mutate.EQUIVALENTS
+    entry = {"file": "k.py", "before": "if x > 0:", "after": "if x >= 0:", "reason": "y is 1 either way"}
+    path.write_text(json.dumps([{**entry, "next": "y = 1"}]))
+    listed = mutate.load_equivalents(path)
+    assert mutate.listed_reason(listed, first) == "y is 1 either way" and mutate.listed_reason(listed, second) is None
+    path.write_text(json.dumps([entry]))  # without "next": every identical line
+    listed = mutate.load_equivalents(path)
+    assert mutate.listed_reason(listed, first) == mutate.listed_reason(listed, second) == "y is 1 either way"
+
+
+def test_rescore_takes_survivors_listed_since_out_of_the_counts(tmp_path):
+    (tmp_path / "k.py").write_text(SOURCE)
+    mutants = mutate.find_mutants(SOURCE, "k.py")[:4]
+    outcomes = [mutate.Outcome(mutants[0], "killed"), mutate.Outcome(mutants[1], "survived"),
+                mutate.Outcome(mutants[2], "survived"), mutate.Outcome(mutants[3], "unreached")]
+    record = mutate.summarize("toy", outcomes, candidates=10, excluded=1, seed=0)
+    record = {k: v for k, v in record.items() if k != "mutants"}
+    listed = {(*mutants[1].key, mutants[1].following): "the same program",
+              (*mutants[3].key, ""): "listed, but no route runs it"}
+    rescored = mutate.rescore(record, listed, tmp_path)
+    shown = mutate.summarize("toy", mutate.with_equivalents(outcomes, listed), candidates=10, excluded=1, seed=0)
+    assert rescored == {k: v for k, v in shown.items() if k != "mutants"}  # as if listed by the run's end
+    assert (rescored["kill_rate"], rescored["equivalent_sampled"], len(rescored["survivors"])) == (33.3, 1, 2)
+    (tmp_path / "k.py").write_text(SOURCE.replace("n < 3", "n < 4"))
+    with pytest.raises(ValueError, match="survivor not among the mutants"):
+        mutate.rescore(record, listed, tmp_path)
 
 
 def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
@@ -91,7 +123,7 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
     assert summary["kill_rate"] == 50.0 and summary["files"]["k.py"] == {"mutants": 4, "killed": 2, "kill_rate": 50.0}
     assert [s["status"] for s in summary["survivors"]] == ["survived", "unreached"]
     assert summary["survivors"][0]["diff"] == mutants[2].diff()
-    reviewed = {mutants[2].key: "the same program", mutants[0].key: "listed, but the run killed it"}
+    reviewed = {(*mutants[2].key, ""): "the same program", (*mutants[0].key, ""): "listed, but the run killed it"}
     shown = mutate.with_equivalents(outcomes, reviewed)  # a survivor shown equivalent since
     assert [o.status for o in shown] == ["killed", "timeout", "equivalent", "unreached"]
     summary = mutate.summarize("toy", shown, candidates=10, excluded=1, seed=0)
