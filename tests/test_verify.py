@@ -310,7 +310,7 @@ def test_route_selection_by_glob():
 TORCH_ROUTES = [r.id for r in SEMICRF.tree.routes() if r.id.startswith("semicrf.torch.")]
 
 
-@pytest.mark.slow  # ~2.5 min; CI's lowest environment runs `sentinel verify --quick` itself
+@pytest.mark.slow  # ~2.5 min; CI's lowest environment runs `sentinel verify --quick --dtype float32`
 def test_every_semicrf_route_passes_quick():
     """Every route is reached by the dispatcher and passes route, reference, exact, property, guard and bad-input
     checks.
