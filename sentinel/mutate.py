@@ -1002,6 +1002,7 @@ def rescore(record: dict[str, Any], equivalents: dict[tuple[str, str, str, str],
     found = {m.diff(): m for f in record["files"] for m in find_mutants((repo / f).read_text(), f)}
     out = json.loads(json.dumps(record))
     out["survivors"] = []
+    out.setdefault("equivalent_sampled", 0)  # records made before equivalents were shown after a run
     for survivor in record["survivors"]:
         if survivor["diff"] not in found:
             raise ValueError(f"survivor not among the mutants of the sampled files: {survivor['diff']}")
@@ -1038,6 +1039,9 @@ def rescore_records(families: Sequence[Any]) -> int:
         equivalents = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)
         summary = rescore(record, equivalents, REPO_ROOT)
         print_summary(summary)
+        if summary["survivors"] == record["survivors"]:
+            console.err.print(f"{path.relative_to(REPO_ROOT)}: no survivor listed since; unchanged")
+            continue
         path.write_text(records.dumps(summary))
         console.err.print(f"rescored {path.relative_to(REPO_ROOT)}")
     return 1 if failed else 0

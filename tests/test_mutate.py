@@ -110,6 +110,8 @@ def test_rescore_takes_survivors_listed_since_out_of_the_counts(tmp_path):
     shown = mutate.summarize("toy", mutate.with_equivalents(outcomes, listed), candidates=10, excluded=1, seed=0)
     assert rescored == {k: v for k, v in shown.items() if k != "mutants"}  # as if listed by the run's end
     assert (rescored["kill_rate"], rescored["equivalent_sampled"], len(rescored["survivors"])) == (33.3, 1, 2)
+    older = {k: v for k, v in record.items() if k != "equivalent_sampled"}  # a record from before the key
+    assert mutate.rescore(older, listed, tmp_path) == rescored
     (tmp_path / "k.py").write_text(SOURCE.replace("n < 3", "n < 4"))
     with pytest.raises(ValueError, match="survivor not among the mutants"):
         mutate.rescore(record, listed, tmp_path)
@@ -429,3 +431,11 @@ def test_seeded_sample_of_real_mutants_is_killed(family, tmp_path):
     assert summary["sampled"] == 3 and summary["killed"] == 3
     assert all(m["file"] == f"kernels/{family}/torch_ops.py" and m["by"] for m in summary["mutants"])
     assert not list(scratch.glob("sentinel-mutate-*")), "scratch copies left behind"
+
+
+def test_rescore_runs_nothing_and_refuses_the_options_of_a_run(capsys):
+    from kernel_sentinel.cli import main
+
+    for extra in (["--record"], ["--route", "segment.torch.sum"], ["--keep", "kept.json", "--family", "segment"]):
+        assert main(["mutate", "--rescore", *extra]) == 2
+        assert "usage error: --rescore rewrites the committed records" in capsys.readouterr().err
