@@ -821,6 +821,11 @@ def worker(argv: Sequence[str]) -> int:
 # ----------------------------------------------------------------------------------------------- reporting
 
 
+def percent_killed(killed: int, counted: int) -> Optional[float]:
+    """The percentage of ``counted`` mutants killed, to one decimal (None when none counted)."""
+    return round(100.0 * killed / counted, 1) if counted else None
+
+
 def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, excluded: int,
               seed: int) -> dict[str, Any]:
     """The JSON summary of one family's run (also the record the site shows)."""
@@ -831,7 +836,7 @@ def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, exclude
         entry["mutants"] += 1
         entry["killed"] += o.killed
     for entry in files.values():
-        entry["kill_rate"] = round(100.0 * entry["killed"] / entry["mutants"], 1)
+        entry["kill_rate"] = percent_killed(entry["killed"], entry["mutants"])
     killed = sum(o.killed for o in counted)
     return {
         "family": family,
@@ -841,7 +846,7 @@ def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, exclude
         "sampled": len(outcomes),
         "equivalent_sampled": len(outcomes) - len(counted),
         "killed": killed,
-        "kill_rate": round(100.0 * killed / len(counted), 1) if counted else None,
+        "kill_rate": percent_killed(killed, len(counted)),
         "by_operator": {op: {"mutants": sum(o.mutant.operator == op for o in counted),
                              "killed": sum(o.killed for o in counted if o.mutant.operator == op)}
                         for op in OPERATORS},
@@ -990,8 +995,9 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
 def with_equivalents(outcomes: Sequence[Outcome], shown: dict[tuple[str, str, str, str], str]) -> list[Outcome]:
     """``outcomes`` with each survivor that ``shown`` (:func:`load_equivalents`) names marked ``equivalent``, its
     reason as ``by``; killed and unreached mutants stay as they are."""
-    return [dataclasses.replace(o, status="equivalent", by=listed_reason(shown, o.mutant))
-            if o.status == "survived" and listed_reason(shown, o.mutant) else o for o in outcomes]
+    reasons = [listed_reason(shown, o.mutant) if o.status == "survived" else None for o in outcomes]
+    return [o if reason is None else dataclasses.replace(o, status="equivalent", by=reason)
+            for o, reason in zip(outcomes, reasons)]
 
 
 def rescore(record: dict[str, Any], equivalents: dict[tuple[str, str, str, str], str],
@@ -1013,10 +1019,9 @@ def rescore(record: dict[str, Any], equivalents: dict[tuple[str, str, str, str],
         out["equivalent_sampled"] += 1
         out["by_operator"][mutant.operator]["mutants"] -= 1
         out["files"][mutant.file]["mutants"] -= 1
-    out["files"] = {f: {**e, "kill_rate": round(100.0 * e["killed"] / e["mutants"], 1)}
+    out["files"] = {f: {**e, "kill_rate": percent_killed(e["killed"], e["mutants"])}
                     for f, e in out["files"].items() if e["mutants"]}
-    counted = out["sampled"] - out["equivalent_sampled"]
-    out["kill_rate"] = round(100.0 * out["killed"] / counted, 1) if counted else None
+    out["kill_rate"] = percent_killed(out["killed"], out["sampled"] - out["equivalent_sampled"])
     return out
 
 

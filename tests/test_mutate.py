@@ -433,7 +433,7 @@ def test_seeded_sample_of_real_mutants_is_killed(family, tmp_path):
     assert not list(scratch.glob("sentinel-mutate-*")), "scratch copies left behind"
 
 
-def test_rescore_runs_nothing_and_refuses_the_options_of_a_run(capsys):
+def test_rescore_refuses_the_options_of_a_run(capsys):
     from kernel_sentinel.cli import main
 
     for extra in (["--record"], ["--route", "segment.torch.sum"], ["--keep", "kept.json", "--family", "segment"]):
