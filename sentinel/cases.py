@@ -171,8 +171,9 @@ def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return put
 
 
-def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, other_device: Sequence[str] = (),
-                        rejects_nan: Sequence[str] = (), rejects_inf: Sequence[str] = ()) -> tuple[BadInput, ...]:
+def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *, other_device: Sequence[str] = (),
+                        rejects_nan: Sequence[str] = (), rejects_inf: Sequence[str] = (),
+                        csr: Optional[Mapping[str, Any]] = None) -> tuple[BadInput, ...]:
     """The bad inputs every tensor argument gets, for the routes matching ``routes``; each expects a
     ``ValueError``/``TypeError`` whose message starts with the argument's name:
 
@@ -180,7 +181,8 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, othe
       of a floating tensor, float64 instead of an integer one (wrong dtype);
     - every name in ``other_device``: the tensor on the ``meta`` device (meaningful for arguments that must be on
       the device of another, which is validated first);
-    - ``rejects_nan`` / ``rejects_inf``: the tensor with one NaN / one +inf element (in its middle).
+    - ``rejects_nan`` / ``rejects_inf``: the tensor with one NaN / one +inf element (in its middle);
+    - ``csr``: the bad indices of :func:`csr_bad_inputs` (its keyword arguments).
 
     The argument must be a tensor in the case the check builds (the route's ``tiny`` case); a missing one fails
     the check loudly.
@@ -202,7 +204,49 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str], *, othe
 
         return BadInput(name, what, routes, make)
 
-    return tuple(bad(*item) for item in made)
+    return tuple(bad(*item) for item in made) + (csr_bad_inputs(routes, **csr) if csr is not None else ())
+
+
+def _decreasing(offsets: torch.Tensor) -> torch.Tensor:
+    out = offsets.clone()
+    out[1] = out[2] + 1  # now offsets[1] > offsets[2]
+    return out
+
+
+def csr_bad_inputs(routes: tuple[str, ...], offsets: str = "offsets", ids: str = "ids",
+                   in_form: Optional[Callable[[Case, str], Case]] = None,
+                   ids_device_mode: Optional[Callable[[Case, dict], None]] = None) -> tuple[BadInput, ...]:
+    """The bad values of a CSR index over the rows of a case, each expecting an error naming the index argument:
+    the argument ``offsets`` (S + 1 bounds) decreasing, empty, not starting at 0, with a negative first entry, not
+    ending at N or ending below N (N rows), of a float dtype or on another device; the argument ``ids`` (each row's
+    segment, sorted) unsorted, out of range (10 past), negative, int16 or on another device. ``in_form(case,
+    name)``: the case with its index as the argument ``name``, for a case that holds the other form.
+    ``ids_device_mode``: the device-mode expectation of the unsorted, out of range and negative ids
+    (:class:`~kernel_sentinel.family.BadInput`). The tiny case needs two segments or more."""
+    def changed(name: str, change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Case], Case]:
+        def make(case: Case) -> Case:
+            if case.kwargs.get(name) is None:
+                if in_form is None:
+                    raise TypeError(f"CSR bad input {name!r}: the case has no {name!r} and no in_form was given")
+                case = in_form(case, name)
+            return case.with_kwargs(case.description, **{name: change(case.kwargs[name])})
+
+        return make
+
+    made = ((offsets, "decreasing", _decreasing, None),
+            (offsets, "empty", lambda o: o[:0], None),
+            (offsets, "not starting at 0", lambda o: o + 1, None),
+            (offsets, "a negative first entry", lambda o: torch.cat([o[:1] - 1, o[1:]]), None),
+            (offsets, "not ending at N", lambda o: torch.cat([o[:-1], o[-1:] + 1]), None),
+            (offsets, "ending below N", lambda o: torch.cat([o[:-1], o[-1:] - 1]), None),
+            (offsets, "float dtype", lambda o: o.double(), None),
+            (offsets, "on another device", lambda o: o.to("meta"), None),
+            (ids, "unsorted", lambda i: i.flip(0), ids_device_mode),
+            (ids, "out of range", lambda i: i + 10, ids_device_mode),
+            (ids, "negative", lambda i: i - 1, ids_device_mode),
+            (ids, "int16", lambda i: i.to(torch.int16), None),
+            (ids, "on another device", lambda i: i.to("meta"), None))
+    return tuple(BadInput(name, what, routes, changed(name, change), mode) for name, what, change, mode in made)
 
 
 # ------------------------------------------------------------------------------------------- batch items
@@ -262,3 +306,54 @@ def batch_along(what: str, routes: tuple[str, ...], dims: Mapping[str, Any],
         return [take(got, i) for i in range(count(case))]
 
     return BatchItems(what, routes, split, join, outputs, summed)
+
+
+def batch_ragged(what: str, routes: tuple[str, ...], rows: Sequence[str], per_item: Sequence[str] = (),
+                 offsets: str = "offsets", ids: str = "ids", count: str = "num_segments") -> BatchItems:
+    """:class:`~kernel_sentinel.family.BatchItems` for ragged items indexed like CSR: item ``s`` owns rows
+    ``offsets[s] .. offsets[s + 1] - 1`` of every argument, upstream weight or output in ``rows``, and row ``s`` of
+    those in ``per_item``. The case's index is the argument ``offsets`` (S + 1 bounds) or ``ids`` (the sorted item of
+    each row; then S is the argument ``count`` when the case has it, else the rows of its first ``per_item``
+    argument, else ``ids[-1] + 1``). A split item and a joined case keep the index's form, dtype and device, and
+    ``count`` when the case has it; other arguments are shared."""
+    def bounds(case: Case) -> list[int]:
+        kw = case.kwargs
+        if kw.get(offsets) is not None:
+            return kw[offsets].tolist()
+        given = [kw[n].shape[0] for n in per_item if isinstance(kw.get(n), torch.Tensor)]
+        S = kw[count] if count in kw else given[0] if given else int(kw[ids][-1]) + 1
+        return [0] + torch.bincount(kw[ids].cpu(), minlength=S)[:S].cumsum(0).tolist() if S else [0]
+
+    def indexed(case: Case, kwargs: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
+        form = offsets if case.kwargs.get(offsets) is not None else ids
+        like, counts = case.kwargs[form], torch.tensor(lengths, dtype=torch.int64)
+        index = (torch.cat([counts.new_zeros(1), counts.cumsum(0)]) if form == offsets
+                 else torch.repeat_interleave(torch.arange(len(lengths)), counts))
+        return {**kwargs, form: index.to(like.device, like.dtype), **({count: len(lengths)} if count in kwargs else {})}
+
+    def take(named: Mapping[str, Any], s: int, start: int, stop: int) -> dict[str, Any]:
+        return {**{n: x[start:stop] for n, x in named.items() if n in rows},
+                **{n: x[s:s + 1] for n, x in named.items() if n in per_item}}
+
+    def split(case: Case) -> list[Case]:
+        b = bounds(case)
+        return [dataclasses.replace(case, description=f"{case.description}; item {s}",
+                                    kwargs=indexed(case, {**case.kwargs, **take(case.kwargs, s, a, z)}, [z - a]),
+                                    upstream={**case.upstream, **take(case.upstream, s, a, z)})
+                for s, (a, z) in enumerate(zip(b, b[1:]))]
+
+    def joined(items: Sequence[Case], part: str) -> dict[str, Any]:
+        first = getattr(items[0], part)
+        return {n: torch.cat([getattr(c, part)[n] for c in items]) for n in first if n in rows or n in per_item}
+
+    def join(base: Case, items: Sequence[Case]) -> Case:
+        lengths = [b[-1] for b in map(bounds, items)]
+        return dataclasses.replace(base, kwargs=indexed(base, {**base.kwargs, **joined(items, "kwargs")}, lengths),
+                                   upstream={**base.upstream, **joined(items, "upstream")},
+                                   description=f"{base.description}; {len(items)} items joined")
+
+    def outputs(case: Case, got: Outputs) -> list[Outputs]:
+        b = bounds(case)
+        return [take(got, s, a, z) for s, (a, z) in enumerate(zip(b, b[1:]))]
+
+    return BatchItems(what, routes, split, join, outputs)

@@ -60,14 +60,17 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``routes`` (default the
   part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
 - ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
-  ``other_device``, ``rejects_nan``, ``rejects_inf``, and ``routes``, default the part's), or a tuple of them.
+  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``csr`` for a CSR index: the keyword arguments of
+  :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``, default the part's), or a tuple of them.
 - ``BAD_INPUTS``: ``(argument, what, value[, routes[, device_mode]])``: the tiny case with ``argument`` replaced by
   ``value``, or by ``value(case)`` when it is callable (which may also return a whole new case); the call must
   raise an error naming ``argument``. Routes default to the part's (None: the part's). ``device_mode(case,
   outputs)``: what the outputs of a device-mode run that does not raise must show beyond a non-finite element
   (raises ``AssertionError``; :class:`~kernel_sentinel.family.BadInput`).
 - ``BATCH_ITEMS``: ``(what, routes, dims[, summed])`` for items along dimensions
-  (:func:`kernel_sentinel.cases.batch_along`), or ``(what, routes, (split, join, outputs)[, summed])``
+  (:func:`kernel_sentinel.cases.batch_along`), ``(what, routes, {"ragged": options})`` for ragged items indexed
+  like CSR (the keyword arguments of :func:`kernel_sentinel.cases.batch_ragged`: ``rows``, ``per_item``, the
+  index's argument names), or ``(what, routes, (split, join, outputs)[, summed])``
   (:class:`~kernel_sentinel.family.BatchItems`).
 
 Route globs are fnmatch patterns, a tuple of them or one string. The functions receive sentinel's objects and use
@@ -307,6 +310,8 @@ class Reader:
 
     @staticmethod
     def batch_items(what: str, routes: Any, dims: Any, summed: tuple[str, ...] = ()) -> BatchItems:
+        if isinstance(dims, Mapping) and "ragged" in dims:
+            return cases.batch_ragged(what, _globs(routes), **dims["ragged"])
         if isinstance(dims, Mapping):
             return cases.batch_along(what, _globs(routes), dims, tuple(summed))
         return BatchItems(what, _globs(routes), *dims, summed=tuple(summed))

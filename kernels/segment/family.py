@@ -151,48 +151,7 @@ ORACLES = (("dense membership matrix", "small", _by(oracle.dense_reduce, oracle.
 
 # --------------------------------------------------------------------------------------------- batch items
 
-PER_SEGMENT = ("grad_output", "value")  # arguments, upstream weights and outputs with one row per segment
-
-
-def _indexed(kwargs: dict, lengths: list[int]) -> dict:
-    """``kwargs`` with the index (offsets, or ids and num_segments, in the form, dtype and device it has) of
-    segments of ``lengths`` rows."""
-    form = "offsets" if kwargs.get("offsets") is not None else "ids"
-    like = kwargs[form]
-    index = {form: _index(form, lengths)[form].to(like.device, like.dtype)}
-    return {**kwargs, **index, **({"num_segments": len(lengths)} if "num_segments" in kwargs else {})}
-
-
-def split_segments(case: Any) -> list:
-    """One case per segment: its rows of ``x``, its row of the per-segment tensors, an index of one segment."""
-    bounds = _bounds(case.kwargs)
-    return [dataclasses.replace(case, description=f"{case.description}; segment {s}", kwargs=_indexed(
-        {**case.kwargs, "x": case.kwargs["x"][start:stop],
-         **{n: case.kwargs[n][s:s + 1] for n in PER_SEGMENT if n in case.kwargs}}, [stop - start]),
-        upstream={n: w[s:s + 1] for n, w in case.upstream.items()})
-        for s, (start, stop) in enumerate(zip(bounds, bounds[1:]))]
-
-
-def join_segments(base: Any, items: list) -> Any:
-    """The segments of ``items`` in order, the other arguments from ``base``."""
-    def cat(name: str, part: str = "kwargs") -> torch.Tensor:
-        return torch.cat([getattr(item, part)[name] for item in items])
-
-    kwargs = {**base.kwargs, "x": cat("x"), **{n: cat(n) for n in PER_SEGMENT if n in base.kwargs}}
-    return dataclasses.replace(base, kwargs=_indexed(kwargs, [item.kwargs["x"].shape[0] for item in items]),
-                               upstream={n: cat(n, "upstream") for n in base.upstream},
-                               description=f"{base.description}; {len(items)} segments joined")
-
-
-def segment_outputs(case: Any, got: dict) -> list[dict]:
-    """Each segment's row of ``value`` and rows of ``grad_x``."""
-    bounds = _bounds(case.kwargs)
-    return [{**({"value": got["value"][s:s + 1]} if "value" in got else {}),
-             **({"grad_x": got["grad_x"][start:stop]} if "grad_x" in got else {})}
-            for s, (start, stop) in enumerate(zip(bounds, bounds[1:]))]
-
-
-BATCH_ITEMS = (("a segment", ALL, (split_segments, join_segments, segment_outputs)),)
+BATCH_ITEMS = (("a segment", ALL, {"ragged": dict(rows=("x", "grad_x"), per_item=("grad_output", "value"))}),)
 
 
 # ---------------------------------------------------------------------------------------------- properties
@@ -427,12 +386,6 @@ def _index_changed(name: str, change: Any) -> Any:
     return make
 
 
-def _decreasing(o: torch.Tensor) -> torch.Tensor:
-    o = o.clone()
-    o[1] = o[2] + 1  # now offsets[1] > offsets[2]
-    return o
-
-
 def _last_alone_past(case: Any) -> Any:
     """The ids form of ``case`` with its last row's id num_segments (one past the last segment)."""
     S = len(case.problem.lengths)
@@ -514,7 +467,7 @@ def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
 
 
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
-STANDARD_BAD_INPUTS = dict(tensors=("x",))
+STANDARD_BAD_INPUTS = dict(tensors=("x",), csr=dict(in_form=_in_form, ids_device_mode=nan_where_the_ids_misplace))
 BAD_INPUTS = (
     ("reduce", "unknown reduction", "prod", REDUCE_ROUTES),
     ("empty", "a string", "zero", REDUCE_ROUTES),
@@ -522,24 +475,11 @@ BAD_INPUTS = (
     ("use_triton", "an int", 1),
     ("offsets", "both index forms", lambda c: _unindexed(c, "both index forms", "offsets", "ids")),
     ("offsets", "neither index form", lambda c: _unindexed(c, "no index")),
-    ("offsets", "decreasing", _index_changed("offsets", _decreasing)),
-    ("offsets", "empty", _index_changed("offsets", lambda o: o[:0])),
-    ("offsets", "not starting at 0", _index_changed("offsets", lambda o: o + 1)),
-    ("offsets", "a negative first entry", _index_changed("offsets", lambda o: torch.cat([o[:1] - 1, o[1:]]))),
-    ("offsets", "not ending at N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] + 1]))),
-    ("offsets", "ending below N", _index_changed("offsets", lambda o: torch.cat([o[:-1], o[-1:] - 1]))),
-    ("offsets", "float dtype", _index_changed("offsets", lambda o: o.double())),
-    ("offsets", "on another device", _index_changed("offsets", lambda o: o.to("meta"))),
-    ("ids", "unsorted", _index_changed("ids", lambda i: i.flip(0)), None, nan_where_the_ids_misplace),
-    ("ids", "out of range", _index_changed("ids", lambda i: i + 10), None, nan_where_the_ids_misplace),
-    ("ids", "negative", _index_changed("ids", lambda i: i - 1), None, nan_where_the_ids_misplace),
     ("ids", "the last alone at num_segments", _last_alone_past, None, nan_where_the_ids_misplace),
     ("ids", "num_segments at rows inside the last segment", _strays_in_last, None, nan_where_the_ids_misplace),
     ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES,
      nan_where_the_ids_misplace),
     ("ids", "the first segment's id inside the last segment", _first_id_in_last, None, nan_where_the_ids_misplace),
-    ("ids", "int16", _index_changed("ids", lambda i: i.to(torch.int16))),
-    ("ids", "on another device", _index_changed("ids", lambda i: i.to("meta"))),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),
     ("num_segments", "a bool", lambda c: IDS(c).with_kwargs(c.description, num_segments=True), REDUCE_ROUTES),
     ("num_segments", "negative", lambda c: IDS(c).with_kwargs(c.description, num_segments=-1), REDUCE_ROUTES),
