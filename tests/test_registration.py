@@ -173,3 +173,44 @@ def test_problem_keys_read_as_attributes():
     with pytest.raises(AttributeError):
         p.missing
     assert math.isnan(Problem(v=math.nan).v)
+
+
+def _csr_case(form: str, lengths=(2, 0, 3)) -> Case:
+    counts = torch.tensor(lengths)
+    index = ({"offsets": torch.cat([counts.new_zeros(1), counts.cumsum(0)])} if form == "offsets"
+             else {"ids": torch.repeat_interleave(torch.arange(len(lengths)), counts), "num_segments": len(lengths)})
+    x = torch.arange(float(sum(lengths) * 2)).reshape(-1, 2)
+    return Case("toy.slow", "toy_sum", {"x": x, **index}, "csr", upstream={"value": torch.arange(3.0)[:, None]})
+
+
+@pytest.mark.parametrize("form", ["offsets", "ids"])
+def test_ragged_items_split_by_the_index_and_join_back(form):
+    from kernel_sentinel.cases import batch_ragged
+
+    items = batch_ragged("a segment", ("toy.*",), rows=("x", "grad_x"), per_item=("value",))
+    case = _csr_case(form)
+    parts = items.split(case)
+    assert [p.kwargs["x"].shape[0] for p in parts] == [2, 0, 3]
+    assert all(torch.equal(p.upstream["value"], case.upstream["value"][s:s + 1]) for s, p in enumerate(parts))
+    assert parts[2].kwargs[form].tolist() == ([0, 3] if form == "offsets" else [0, 0, 0])
+    assert parts[2].kwargs.get("num_segments", 1) == 1
+    joined = items.join(case, [parts[2], parts[0]])
+    assert joined.kwargs[form].tolist() == ([0, 3, 5] if form == "offsets" else [0, 0, 0, 1, 1])
+    assert torch.equal(joined.kwargs["x"], torch.cat([case.kwargs["x"][2:5], case.kwargs["x"][:2]]))
+    got = {"value": torch.tensor([[7.0], [8.0]]), "grad_x": torch.arange(5.0)}
+    assert [{n: v.tolist() for n, v in o.items()} for o in items.outputs(joined, got)] == [
+        {"value": [[7.0]], "grad_x": [0.0, 1.0, 2.0]}, {"value": [[8.0]], "grad_x": [3.0, 4.0]}]
+
+
+def test_csr_bad_inputs_change_the_index_in_the_form_they_name():
+    from kernel_sentinel.cases import csr_bad_inputs
+
+    bad = {(b.argument, b.what): b for b in csr_bad_inputs(("toy.*",), in_form=lambda c, name: _csr_case(name))}
+    assert len(bad) == 13 and {a for a, _ in bad} == {"offsets", "ids"}
+    case = _csr_case("ids")
+    assert bad["offsets", "decreasing"].make(case).kwargs["offsets"].tolist() == [0, 3, 2, 5]  # made in its form
+    assert bad["offsets", "ending below N"].make(case).kwargs["offsets"].tolist() == [0, 2, 2, 4]
+    assert bad["ids", "unsorted"].make(case).kwargs["ids"].tolist() == [2, 2, 2, 0, 0]
+    assert bad["ids", "int16"].make(case).kwargs["ids"].dtype == torch.int16
+    with pytest.raises(TypeError, match="no 'ids' and no in_form"):
+        next(b for b in csr_bad_inputs(("toy.*",)) if b.argument == "ids").make(_csr_case("offsets"))
