@@ -173,8 +173,11 @@ def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *, other_device: Sequence[str] = (),
                         rejects_nan: Sequence[str] = (), rejects_inf: Sequence[str] = (),
+                        in_range: Optional[Mapping[str, tuple[int, Callable[[Case], int]]]] = None,
+                        counts: Optional[Mapping[str, int]] = None, flags: Sequence[str] = (),
+                        choices: Sequence[str] = (),
                         csr: Optional[Mapping[str, Any]] = None) -> tuple[BadInput, ...]:
-    """The bad inputs every tensor argument gets, for the routes matching ``routes``; each expects a
+    """The bad inputs of the arguments named, for the routes matching ``routes``; each expects a
     ``ValueError``/``TypeError`` whose message starts with the argument's name:
 
     - every name in ``tensors``: a (nested) list instead of the tensor; a 0-D tensor (wrong rank); int64 instead
@@ -182,25 +185,40 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
     - every name in ``other_device``: the tensor on the ``meta`` device (meaningful for arguments that must be on
       the device of another, which is validated first);
     - ``rejects_nan`` / ``rejects_inf``: the tensor with one NaN / one +inf element (in its middle);
+    - ``in_range``: ``{name: (low, high(case))}`` for an integer tensor whose elements lie in low .. high: every
+      element low - 1, every element high + 1;
+    - ``counts``: ``{name: least}`` for an int argument of at least ``least``: least - 1, a float, a bool;
+    - every name in ``flags`` (a bool argument): an int, a string;
+    - every name in ``choices`` (an argument naming one of some options): a name that is none of them;
     - ``csr``: the bad indices of :func:`csr_bad_inputs` (its keyword arguments).
 
-    The argument must be a tensor in the case the check builds (the route's ``tiny`` case); a missing one fails
-    the check loudly.
+    The argument must be in the case the check builds (the route's ``tiny`` case), a tensor where a tensor is
+    changed; a missing one fails the check loudly.
     """
-    made: list[tuple[str, str, Callable[[torch.Tensor], Any]]] = []
+    made: list[tuple[str, str, Callable[[Any, Case], Any]]] = []
     for name in tensors:
-        made += [(name, "a list", lambda x: x.detach().tolist()), (name, "0-D", _wrong_rank),
-                 (name, "wrong dtype", _wrong_dtype)]
-    made += [(name, "on another device", lambda x: x.detach().to("meta")) for name in other_device]
-    made += [(name, "NaN", _with_value(math.nan)) for name in rejects_nan]
-    made += [(name, "+inf", _with_value(math.inf)) for name in rejects_inf]
+        made += [(name, "a list", lambda x, c: x.detach().tolist()), (name, "0-D", lambda x, c: _wrong_rank(x)),
+                 (name, "wrong dtype", lambda x, c: _wrong_dtype(x))]
+    made += [(name, "on another device", lambda x, c: x.detach().to("meta")) for name in other_device]
+    made += [(name, "NaN", lambda x, c: _with_value(math.nan)(x)) for name in rejects_nan]
+    made += [(name, "+inf", lambda x, c: _with_value(math.inf)(x)) for name in rejects_inf]
+    for name, (low, high) in (in_range or {}).items():
+        made += [(name, f"{low - 1} (below {low})", lambda x, c, v=low - 1: torch.full_like(x, v)),
+                 (name, "one past the largest allowed", lambda x, c, h=high: torch.full_like(x, h(c) + 1))]
+    for name, least in (counts or {}).items():
+        made += [(name, f"{least - 1} (below {least})", lambda x, c, v=least - 1: v),
+                 (name, "a float", lambda x, c, v=float(least + 1): v), (name, "a bool", lambda x, c: True)]
+    for name in flags:
+        made += [(name, "an int", lambda x, c: 1), (name, "a string", lambda x, c: "yes")]
+    made += [(name, "a name of no option", lambda x, c: "no such option") for name in choices]
+    changes_tensor = set(tensors) | set(other_device) | set(rejects_nan) | set(rejects_inf) | set(in_range or ())
 
-    def bad(name: str, what: str, fn: Callable[[torch.Tensor], Any]) -> BadInput:
+    def bad(name: str, what: str, fn: Callable[[Any, Case], Any]) -> BadInput:
         def make(case: Case) -> Case:
             x = case.kwargs.get(name)
-            if not isinstance(x, torch.Tensor):
+            if name in changes_tensor and not isinstance(x, torch.Tensor):
                 raise TypeError(f"standard bad input {name!r} ({what}): the case has no tensor {name!r}")
-            return replace_argument(case, name, fn(x), what)
+            return replace_argument(case, name, fn(x, case), what)
 
         return BadInput(name, what, routes, make)
 
@@ -215,14 +233,21 @@ def _decreasing(offsets: torch.Tensor) -> torch.Tensor:
 
 def csr_bad_inputs(routes: tuple[str, ...], offsets: str = "offsets", ids: str = "ids",
                    in_form: Optional[Callable[[Case, str], Case]] = None,
-                   ids_device_mode: Optional[Callable[[Case, dict], None]] = None) -> tuple[BadInput, ...]:
+                   ids_device_mode: Optional[Callable[[Case, dict], None]] = None,
+                   segments: Optional[Callable[[Case], int]] = None,
+                   tile_rows: Optional[Callable[[torch.device], int]] = None) -> tuple[BadInput, ...]:
     """The bad values of a CSR index over the rows of a case, each expecting an error naming the index argument:
     the argument ``offsets`` (S + 1 bounds) decreasing, empty, not starting at 0, with a negative first entry, not
     ending at N or ending below N (N rows), of a float dtype or on another device; the argument ``ids`` (each row's
     segment, sorted) unsorted, out of range (10 past), negative, int16 or on another device. ``in_form(case,
     name)``: the case with its index as the argument ``name``, for a case that holds the other form.
-    ``ids_device_mode``: the device-mode expectation of the unsorted, out of range and negative ids
-    (:class:`~kernel_sentinel.family.BadInput`). The tiny case needs two segments or more."""
+    ``ids_device_mode``: the device-mode expectation of the ids that pass the dtype and device checks
+    (:class:`~kernel_sentinel.family.BadInput`). The tiny case needs two segments or more.
+
+    With ``segments(case)`` (the case's S), three misplaced ids that a search of the ids as if sorted can miss: the
+    last row alone at S (still sorted); S at rows inside the last segment (its second to last row, and with
+    ``tile_rows(device)`` every row that ends a tile of that many rows); the first segment's id 0 at the last
+    segment's second row. The tiny case's last segment then needs two rows or more."""
     def changed(name: str, change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Case], Case]:
         def make(case: Case) -> Case:
             if case.kwargs.get(name) is None:
@@ -246,7 +271,36 @@ def csr_bad_inputs(routes: tuple[str, ...], offsets: str = "offsets", ids: str =
             (ids, "negative", lambda i: i - 1, ids_device_mode),
             (ids, "int16", lambda i: i.to(torch.int16), None),
             (ids, "on another device", lambda i: i.to("meta"), None))
-    return tuple(BadInput(name, what, routes, changed(name, change), mode) for name, what, change, mode in made)
+    bad = tuple(BadInput(name, what, routes, changed(name, change), mode) for name, what, change, mode in made)
+    if segments is None:
+        return bad
+
+    def misplaced(change: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[Case], Case]:
+        return lambda case: changed(ids, lambda i: change(i, segments(case)))(case)
+
+    return bad + tuple(BadInput(ids, what, routes, misplaced(change), ids_device_mode) for what, change in (
+        ("the last alone at S", lambda i, S: torch.cat([i[:-1], i.new_full((1,), S)])),
+        ("S at rows inside the last segment", lambda i, S: _at_rows(i, _strays(i, tile_rows), S)),
+        ("the first segment's id inside the last segment", lambda i, S: _at_rows(i, [_last_rows(i)[0] + 1], 0))))
+
+
+def _last_rows(ids: torch.Tensor) -> tuple[int, int]:
+    """``(first, N)``: the last segment of the sorted ``ids`` holds rows first .. N - 1, two or more."""
+    N = ids.numel()
+    first = int((ids < ids[-1]).sum()) if N else 0
+    if N - first < 2:
+        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {N - first}")
+    return first, N
+
+
+def _strays(ids: torch.Tensor, tile_rows: Optional[Callable[[torch.device], int]]) -> list[int]:
+    """Rows inside the last segment (not its first): the second to last, and every row ending a tile."""
+    (first, N), tile = _last_rows(ids), tile_rows(ids.device) if tile_rows else 0
+    return [r for r in range(first + 1, N) if r == N - 2 or (tile and (r + 1) % tile == 0)]
+
+
+def _at_rows(ids: torch.Tensor, rows: list[int], value: int) -> torch.Tensor:
+    return ids.index_fill(0, torch.tensor(rows, dtype=torch.int64, device=ids.device), value)
 
 
 # ------------------------------------------------------------------------------------------- batch items

@@ -60,8 +60,9 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``routes`` (default the
   part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
 - ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
-  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``csr`` for a CSR index: the keyword arguments of
-  :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``, default the part's), or a tuple of them.
+  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``in_range``, ``counts``, ``flags``, ``choices``, ``csr`` for
+  a CSR index: the keyword arguments of :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``, default the
+  part's), or a tuple of them.
 - ``BAD_INPUTS``: ``(argument, what, value[, routes[, device_mode]])``: the tiny case with ``argument`` replaced by
   ``value``, or by ``value(case)`` when it is callable (which may also return a whole new case); the call must
   raise an error naming ``argument``. Routes default to the part's (None: the part's). ``device_mode(case,

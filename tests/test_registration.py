@@ -214,3 +214,37 @@ def test_csr_bad_inputs_change_the_index_in_the_form_they_name():
     assert bad["ids", "int16"].make(case).kwargs["ids"].dtype == torch.int16
     with pytest.raises(TypeError, match="no 'ids' and no in_form"):
         next(b for b in csr_bad_inputs(("toy.*",)) if b.argument == "ids").make(_csr_case("offsets"))
+
+
+def test_csr_bad_inputs_misplace_ids_a_search_as_if_sorted_can_miss():
+    from kernel_sentinel.cases import csr_bad_inputs
+
+    made = csr_bad_inputs(("toy.*",), segments=lambda c: 3, tile_rows=lambda device: 4)
+    bad = {b.what: b for b in made if b.argument == "ids"}
+    case = _csr_case("ids", lengths=(2, 0, 6))  # ids 0 0 2 2 2 2 2 2: the last segment holds rows 2 .. 7
+    assert bad["the last alone at S"].make(case).kwargs["ids"].tolist() == [0, 0, 2, 2, 2, 2, 2, 3]
+    assert bad["S at rows inside the last segment"].make(case).kwargs["ids"].tolist() == [0, 0, 2, 3, 2, 2, 3, 3]
+    assert bad["the first segment's id inside the last segment"].make(case).kwargs["ids"].tolist() == [
+        0, 0, 2, 0, 2, 2, 2, 2]
+    with pytest.raises(ValueError, match="a last segment of two rows or more, the case's has 1"):
+        bad["S at rows inside the last segment"].make(_csr_case("ids", lengths=(2, 1)))
+
+
+def test_standard_bad_inputs_of_ranges_counts_flags_and_choices():
+    from kernel_sentinel.cases import standard_bad_inputs
+
+    made = standard_bad_inputs(("toy.*",), in_range={"lengths": (1, lambda c: c.kwargs["x"].shape[0])},
+                               counts={"K": 1}, flags=("fast",), choices=("mode",))
+    case = Case("toy.slow", "toy_sum", {"x": torch.zeros(4, 2), "lengths": torch.tensor([2, 4]), "K": 3,
+                                        "fast": False, "mode": "sum"}, "toy")
+    got = {(b.argument, b.what): b.make(case).kwargs[b.argument] for b in made}
+    assert {k: v.tolist() for k, v in got.items() if k[0] == "lengths"} == {
+        ("lengths", "0 (below 1)"): [0, 0], ("lengths", "one past the largest allowed"): [5, 5]}
+    assert [(k, v) for k, v in got.items() if k[0] != "lengths"] == [
+        (("K", "0 (below 1)"), 0), (("K", "a float"), 2.0), (("K", "a bool"), True), (("fast", "an int"), 1),
+        (("fast", "a string"), "yes"), (("mode", "a name of no option"), "no such option")]
+    assert all(type(got["K", w]) is t for w, t in (("0 (below 1)", int), ("a float", float), ("a bool", bool)))
+    with pytest.raises(TypeError, match="the case has no tensor 'lengths'"):
+        made[0].make(Case("toy.slow", "toy_sum", {"lengths": [2, 4]}, "toy"))
+    with pytest.raises(KeyError, match="no argument 'K'"):
+        next(b for b in made if b.argument == "K").make(Case("toy.slow", "toy_sum", {}, "toy"))

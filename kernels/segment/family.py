@@ -377,51 +377,6 @@ ADVERSARIAL = (
 # ---------------------------------------------------------------------------------------------- bad inputs
 
 
-def _index_changed(name: str, change: Any) -> Any:
-    """A bad-input value: the case (in ``name``'s index form) with ``change(index)`` as ``name``."""
-    def make(case: Any) -> Any:
-        case = case if name in case.kwargs else _in_form(case, name)
-        return case.with_kwargs(case.description, **{name: change(case.kwargs[name])})
-
-    return make
-
-
-def _last_alone_past(case: Any) -> Any:
-    """The ids form of ``case`` with its last row's id num_segments (one past the last segment)."""
-    S = len(case.problem.lengths)
-    return _index_changed("ids", lambda i: torch.cat([i[:-1], i.new_full((1,), S)]))(case)
-
-
-def _last_segment(case: Any) -> tuple[int, int]:
-    """``(first, N)``: the case's last segment holds rows first .. N - 1, two or more (a bad input built inside it
-    needs them)."""
-    N, last = sum(case.problem.lengths), case.problem.lengths[-1]
-    if last < 2:
-        raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {last}")
-    return N - last, N
-
-
-def _strays_in_last(case: Any) -> Any:
-    """The ids form of ``case`` with num_segments as the id of some rows inside its last segment, which the
-    segments' bounds (searched as if the ids were sorted) do not see: its second to last row, and every row that
-    ends a tile of short rows (where a long segment's last chunk looks up whose it is)."""
-    S, (first, N) = len(case.problem.lengths), _last_segment(case)
-
-    def stray(ids: torch.Tensor) -> torch.Tensor:
-        short = triton_ops.short_rows(ids.device)
-        rows = [r for r in range(first + 1, N) if (r + 1) % short == 0 or r == N - 2]
-        return ids.index_fill(0, torch.tensor(rows, dtype=torch.int64, device=ids.device), S)
-
-    return _index_changed("ids", stray)(case)
-
-
-def _first_id_in_last(case: Any) -> Any:
-    """The ids form of ``case`` with 0 (the first segment's id, a valid one) as the id of the last segment's second
-    row: a row outside the bounds its id's segment was searched to have."""
-    second = _last_segment(case)[0] + 1
-    return _index_changed("ids", lambda ids: ids.index_fill(0, torch.tensor([second], device=ids.device), 0))(case)
-
-
 def _stray_in_long_segment_1(case: Any) -> Any:
     """The ids form of ``case`` with its first long segment (more rows than a short one) numbered 1 (its length and
     segment 1's swapped) and num_segments as the id of that segment's second row: a workspace slot holding no
@@ -433,26 +388,37 @@ def _stray_in_long_segment_1(case: Any) -> Any:
     lengths[1], lengths[long] = lengths[long], lengths[1]
     second = lengths[0] + 1
 
-    def stray(ids: torch.Tensor) -> torch.Tensor:
-        moved = _index("ids", lengths)["ids"].to(ids.device, ids.dtype)
-        return moved.index_fill(0, torch.tensor([second], device=ids.device), len(lengths))
+    case = _in_form(case, "ids")
+    ids = _index("ids", lengths)["ids"].to(case.device, case.kwargs["ids"].dtype)
+    return case.with_kwargs(case.description, ids=ids.index_fill(0, torch.tensor([second], device=case.device),
+                                                                 len(lengths)))
 
-    return _index_changed("ids", stray)(case)
+
+def searched_below(values: list[int], target: int) -> int:
+    """How many of ``values`` lie below ``target`` as the kernels' FAN-ary search counts them (FAN probes a step,
+    :func:`~provable_kernels.segment.triton_segment._count_below`), written out in Python: the count of sorted values,
+    for unsorted ones whatever the probes meet."""
+    lo, hi = 0, len(values)
+    while hi > lo:
+        step = -(-(hi - lo) // FAN.value)
+        count = sum(values[at] < target for at in range(lo, hi, step))
+        last = lo + (count - 1) * step
+        lo, hi = (last + 1, min(last + step, hi)) if count else (lo, lo)
+    return lo
 
 
 def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
-    """Which outputs the Triton kernels make NaN for bad ids in device mode, read against the forward's ``csr`` (the
-    bounds its search over the ids found, :mod:`provable_kernels.segment.autograd`): segment s's value is NaN when
-    the first id lies below 0 or the last at S or above, when its bounds are reversed, or when a row inside them
-    holds another id; row r's gradient is NaN when r lies outside the bounds of its id's segment (the id clamped
+    """Which outputs the Triton kernels make NaN for bad ids in device mode, read against ``csr``, the segments'
+    bounds that the kernels' search over the ids finds (``csr[s]``: :func:`searched_below` s): segment s's value is
+    NaN when the first id lies below 0 or the last at S or above, when its bounds are reversed, or when a row inside
+    them holds another id; row r's gradient is NaN when r lies outside the bounds of its id's segment (the id clamped
     into 0 .. S - 1, and it must be r's own id) or ``csr`` does not run from 0 to N. Elsewhere nothing is NaN."""
     kw = case.kwargs
     if not case.route_id.startswith("segment.triton.") or kw.get("ids") is None:
         return
-    x, ids = kw["x"].detach(), kw["ids"]
-    N, S = x.shape[0], kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
-    csr = triton_ops.forward(x.reshape(N, -1), None, ids, S, "sum", 0.0, False, False)[2].cpu().tolist()
-    ids = ids.cpu().tolist()
+    ids, N = kw["ids"].cpu().tolist(), kw["x"].shape[0]
+    S = kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
+    csr = [searched_below(ids, s) for s in range(S + 1)]
     in_range = N == 0 or (ids[0] >= 0 and ids[-1] < S)
     spoiled = [not in_range or csr[s] > csr[s + 1] or any(i != s for i in ids[csr[s]:csr[s + 1]]) for s in range(S)]
     spans = csr[0] == 0 and csr[S] == N
@@ -467,19 +433,17 @@ def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
 
 
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
-STANDARD_BAD_INPUTS = dict(tensors=("x",), csr=dict(in_form=_in_form, ids_device_mode=nan_where_the_ids_misplace))
+STANDARD_BAD_INPUTS = (dict(tensors=("x",), flags=("use_triton",),
+                            csr=dict(in_form=_in_form, ids_device_mode=nan_where_the_ids_misplace,
+                                     segments=lambda c: len(c.problem.lengths), tile_rows=triton_ops.short_rows)),
+                       dict(choices=("reduce",), routes=REDUCE_ROUTES))
 BAD_INPUTS = (
-    ("reduce", "unknown reduction", "prod", REDUCE_ROUTES),
     ("empty", "a string", "zero", REDUCE_ROUTES),
     ("empty", "below float32's range", 1e-300, REDUCE_ROUTES),
-    ("use_triton", "an int", 1),
     ("offsets", "both index forms", lambda c: _unindexed(c, "both index forms", "offsets", "ids")),
     ("offsets", "neither index form", lambda c: _unindexed(c, "no index")),
-    ("ids", "the last alone at num_segments", _last_alone_past, None, nan_where_the_ids_misplace),
-    ("ids", "num_segments at rows inside the last segment", _strays_in_last, None, nan_where_the_ids_misplace),
     ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES,
      nan_where_the_ids_misplace),
-    ("ids", "the first segment's id inside the last segment", _first_id_in_last, None, nan_where_the_ids_misplace),
     ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),
     ("num_segments", "a bool", lambda c: IDS(c).with_kwargs(c.description, num_segments=True), REDUCE_ROUTES),
     ("num_segments", "negative", lambda c: IDS(c).with_kwargs(c.description, num_segments=-1), REDUCE_ROUTES),

@@ -15,7 +15,7 @@ from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE as TREE
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.family import inputs
+from provable_kernels.semicrf.family import LENGTH, inputs
 
 ROUTES, MARGINALS = "semicrf.exact.*", "semicrf.exact.marginals.*"
 LOGPARTITION = tuple(route.id for route, path in TREE.paths() if path[0][1] == "logpartition")
@@ -144,7 +144,7 @@ ADVERSARIAL = (
     ("K > T", {"problem": lambda c: {"K": c.problem.T + 2}}, matches_enumeration))
 
 STANDARD_BAD_INPUTS = (dict(tensors=("edge",), rejects_nan=("edge",), rejects_inf=("edge",), routes=SINGLE),
-                       dict(tensors=("lengths",)))
+                       dict(tensors=("lengths",), in_range={"lengths": (1, LENGTH)}))
 EDGE = lambda c: c.kwargs["edge"]  # noqa: E731
 BAD_INPUTS = (
     ("semiring", "the string 'log'", "log"),
@@ -152,8 +152,6 @@ BAD_INPUTS = (
     ("semiring", "the KMax class (k missing)", lambda c: semirings.KMax, LOGPARTITION),
     ("edge", "4-D", lambda c: EDGE(c)[0], SINGLE),
     ("edge", "shape (B, T, K, C, C+1)", lambda c: torch.cat([EDGE(c), EDGE(c)[..., :1]], -1), SINGLE),
-    ("lengths", "0", lambda c: torch.zeros_like(c.kwargs["lengths"])),
-    ("lengths", "T + 1", lambda c: c.kwargs["lengths"] + c.problem.T),
     ("edge", "one tensor, not a pair", lambda c: EDGE(c)[0], PAIRS),
     ("edge", "edge[1] of another shape", lambda c: (EDGE(c)[0], EDGE(c)[1][:, :-1]), PAIRS),
     ("edge", "edge[0] with NaN", lambda c: (EDGE(c)[0].clone().fill_(math.nan), EDGE(c)[1]), PAIRS),

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from provable_kernels.semicrf import oracle
-from provable_kernels.semicrf.family import decoded
+from provable_kernels.semicrf.family import LENGTH, decoded
 from provable_kernels.semicrf.head import HEAD_TREE as TREE
 from provable_kernels.semicrf.head import SemiMarkovCRFHead
 
@@ -199,17 +199,16 @@ ADVERSARIAL = (
     ("every transition -inf", {"transition": lambda x: x.fill_(-math.inf)}, None,
      {"errors_ok": True, "allow_inf": ("value", "score")}))
 
-STANDARD_BAD_INPUTS = dict(tensors=("hidden", "lengths"), rejects_nan=("hidden",), rejects_inf=("hidden",))
+STANDARD_BAD_INPUTS = (dict(tensors=("hidden", "lengths"), rejects_nan=("hidden",), rejects_inf=("hidden",),
+                            in_range={"lengths": (1, LENGTH)}),
+                       dict(choices=("backend",), routes=("semicrf.head.streaming.*", "semicrf.head.exact.*")),
+                       dict(choices=("semiring",), routes=FORWARD), dict(choices=("reduction",), routes=LOSS))
 LABELS = lambda c: c.kwargs["labels"]  # noqa: E731
 AT = lambda c: torch.arange(LABELS(c).shape[1], device=c.device).expand_as(LABELS(c))  # noqa: E731  (positions)
 BAD_INPUTS = (
     ("hidden", "wrong number of features", lambda c: c.kwargs["hidden"][..., :-1]),
-    ("lengths", "0", lambda c: torch.zeros_like(c.kwargs["lengths"])),
-    ("lengths", "T + 1", lambda c: torch.full_like(c.kwargs["lengths"], c.problem.T + 1)),
-    ("backend", "'fast'", "fast", ("semicrf.head.streaming.*", "semicrf.head.exact.*")),
     ("backend", "'streaming' for a semiring it lacks", "streaming",
      tuple(r for r in FORWARD if r.rsplit(".", 1)[1] not in ("log", "max") and ".exact." in r)),
-    ("semiring", "'sum'", "sum", FORWARD),
     ("labels", "a float tensor", lambda c: LABELS(c).double(), LOSS),
     ("labels", "shape (B, T+1)", lambda c: torch.cat([LABELS(c), LABELS(c)[:, :1]], 1), LOSS),
     ("labels", "a label C", lambda c: torch.full_like(LABELS(c), c.problem.C), LOSS),
@@ -219,7 +218,6 @@ BAD_INPUTS = (
         f"{c.description}; one segment of label 0", labels=torch.zeros_like(LABELS(c)), starts=AT(c) == 0), LOSS),
     ("labels", "changing inside a segment", lambda c: c.with_kwargs(
         f"{c.description}; labels alternate inside segments of 2", labels=AT(c) % 2, starts=AT(c) % 2 == 0), LOSS),
-    ("reduction", "'avg'", "avg", LOSS),
     ("hidden", "an empty batch with reduction='mean'", lambda c: c.with_kwargs(
         f"{c.description}; B = 0, mean", hidden=c.kwargs["hidden"].detach()[:0], reduction="mean"), LOSS),
     ("exact_max_bytes", "below the edge tensor", _small_budget, "semicrf.head.exact.*"))

@@ -193,23 +193,19 @@ ADVERSARIAL = (
      {"routes": tuple(r for r in WITH_DOMAIN if ".prob." in r)}),
     ("NaN input", {"x": _set((..., 0, 0), math.nan)}, None, {"errors_ok": True}))
 
-STANDARD_BAD_INPUTS = dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",))
+STANDARD_BAD_INPUTS = (dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",)),
+                       dict(counts={"iters": 1}, choices=("domain",), routes=WITH_DOMAIN),
+                       dict(counts={"mhc_iters": 1}, routes=MHC_ROUTES),
+                       dict(flags=("use_triton",), routes=FUNCTION_ROUTES))
 BAD_INPUTS = (
     ("x", "non-square (n, n+1)", lambda c: torch.cat([c.kwargs["x"], c.kwargs["x"][..., :1]], -1)),
     ("x", "1-D", lambda c: c.kwargs["x"].reshape(-1)),
     ("x", "int32", lambda c: c.kwargs["x"].to(torch.int32)),
     ("x", "n = 0", lambda c: c.kwargs["x"][..., :0, :0]),
-    ("iters", "0", 0, WITH_DOMAIN),
-    ("iters", "2.0", 2.0, WITH_DOMAIN),
-    ("iters", "True", True, WITH_DOMAIN),
-    ("mhc_iters", "0", 0, MHC_ROUTES),
-    ("mhc_iters", "a float", 3.0, MHC_ROUTES),
-    ("domain", "'exp'", "exp", WITH_DOMAIN),
     ("eps", "-1e-3", -1e-3, WITH_DOMAIN),
     ("eps", "a string", "0.001", WITH_DOMAIN),
     ("eps", "NaN", math.nan, WITH_DOMAIN),
-    ("eps", "1e-300 (below float32's normal range)", 1e-300, WITH_DOMAIN),
-    ("use_triton", "a string", "yes", FUNCTION_ROUTES))
+    ("eps", "1e-300 (below float32's normal range)", 1e-300, WITH_DOMAIN))
 
 # ------------------------------------------------------------------------------------------- documentation
 
