@@ -99,29 +99,37 @@ def device_label(record: Mapping[str, Any]) -> str:
     return "CPU (interpreter)" if device["type"] == "cpu" else device["name"]
 
 
-def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool) -> str:
-    """The compute-sanitizer result of a Triton route from the GPU records: pass when every tool passed on every
-    dtype, else the failing tools; ``not run`` when no GPU record has them; ``n/a`` for other routes."""
+def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool, blobs: Mapping[str, str]) -> str:
+    """The compute-sanitizer result of a Triton route from the GPU records made on the current sources (``blobs``):
+    pass when every tool passed on every dtype, else the failing tools. When no current record ran the tools, the
+    result of the stale records that did, marked stale with their commits; ``not run`` when none did;
+    ``n/a`` for other routes."""
     if not triton:
         return "n/a"
-    found: dict[str, str] = {}
-    for record in records:
-        if record["device"]["type"] != "cuda":
-            continue
-        for row in record["routes"]:
-            if row_key(row)[0] != route_id:
-                continue
-            for check in row["checks"]:
-                if check["name"] in SANITIZER_TOOLS:
-                    found[check["name"]] = "fail" if "fail" in (found.get(check["name"]), check["status"]) \
-                        else check["status"]
-    if not found:
+    gpu = [r for r in records if r["device"]["type"] == "cuda"]
+    for chosen in ([r for r in gpu if is_current(r, blobs)], [r for r in gpu if not is_current(r, blobs)]):
+        found: dict[str, str] = {}
+        ran = [r for r in chosen if _tool_checks(r, route_id)]
+        for name, status in (c for r in ran for c in _tool_checks(r, route_id)):
+            found[name] = "fail" if "fail" in (found.get(name), status) else status
+        if found:
+            break
+    else:
         return SYMBOL["not run"]
     failing = [t for t in SANITIZER_TOOLS if found.get(t) == "fail"]
     missing = [t for t in SANITIZER_TOOLS if t not in found]
-    if failing:
-        return f"{SYMBOL['fail']}: {', '.join(failing)}"
-    return SYMBOL["pass"] + (f" (not run: {', '.join(missing)})" if missing else "")
+    word = "fail" if failing else "pass"
+    detail = f": {', '.join(failing)}" if failing else f" (not run: {', '.join(missing)})" if missing else ""
+    if any(is_current(r, blobs) for r in ran):
+        return SYMBOL[word] + detail
+    commits = sorted({f"`{r['commit'][:7]}`" for r in ran if r.get("commit")})
+    return f"{SYMBOL['stale']} ({word}{detail})" + (f"<br>{' '.join(commits)}" if commits else "")
+
+
+def _tool_checks(record: Mapping[str, Any], route_id: str) -> list[tuple[str, str]]:
+    """``(tool, status)`` of every compute-sanitizer check on the dtype rows of ``route_id`` in ``record``."""
+    return [(c["name"], c["status"]) for row in record["routes"] if row_key(row)[0] == route_id
+            for c in row["checks"] if c["name"] in SANITIZER_TOOLS]
 
 
 def load_mutation(records_dir: Path, family: str) -> Optional[dict[str, Any]]:
@@ -218,16 +226,15 @@ def matrix(statuses: Sequence[FamilyStatus], family_column: bool = True) -> tupl
             cells = status.cells(route_id)
             row = [f"[`{route_id}`]({link})"]
             row += [cells[c].text() if c in cells else SYMBOL["not run"] for c in columns]
-            row += [sanitizer(status.records, route_id, triton), rate]
+            row += [sanitizer(status.records, route_id, triton, status.blobs), rate]
             rows.append(([status.family] if family_column else []) + row)
     return header, rows
 
 
 def _sanitized(record: Mapping[str, Any], route_id: str) -> bool:
     """Every compute-sanitizer tool ran and passed on every dtype row of ``route_id`` in ``record``."""
-    rows = [r for r in record["routes"] if row_key(r)[0] == route_id]
-    tools = [(c["name"], c["status"]) for r in rows for c in r["checks"] if c["name"] in SANITIZER_TOOLS]
-    return bool(rows) and {t for t, _ in tools} == set(SANITIZER_TOOLS) and all(s == "pass" for _, s in tools)
+    tools = _tool_checks(record, route_id)
+    return {t for t, _ in tools} == set(SANITIZER_TOOLS) and all(s == "pass" for _, s in tools)
 
 
 def coverage_summary(record: Mapping[str, Any]) -> str:

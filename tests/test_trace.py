@@ -253,6 +253,28 @@ def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_the
     ]
 
 
+def test_the_sanitizer_column_reads_current_records_and_marks_a_stale_result_stale():
+    """A Triton route's sanitizer cell shows the compute-sanitizer result of the GPU records made on the current
+    sources; where none of them ran the tools, the stale records' result, marked stale with their commits."""
+    from kernel_sentinel import dashboard
+
+    def record(sources, tools, commit="abcdef0123"):
+        checks = [{"name": t, "status": s} for t, s in tools.items()]
+        return {"device": {"type": "cuda", "name": "Big GPU"}, "commit": commit, "sources": sources,
+                "routes": [{"id": "toy.b", "dtype": "float32", "status": "pass", "checks": checks}]}
+
+    now, old = {"kernels/toy.py": "1"}, {"kernels/toy.py": "0"}
+    every = dict.fromkeys(dashboard.SANITIZER_TOOLS, "pass")
+    cell = lambda *records: dashboard.sanitizer(records, "toy.b", True, now)  # noqa: E731
+    assert cell(record(now, every), record(old, {**every, "racecheck": "fail"})) == dashboard.SYMBOL["pass"]
+    assert cell(record(now, {**every, "memcheck": "fail"})) == dashboard.SYMBOL["fail"] + ": memcheck"
+    assert cell(record(now, {}), record(old, every)) == dashboard.SYMBOL["stale"] + " (pass)<br>`abcdef0`"
+    assert cell(record(now, {}), record(old, {"memcheck": "pass"})) == (
+        dashboard.SYMBOL["stale"] + " (pass (not run: racecheck, initcheck, synccheck))<br>`abcdef0`")
+    assert cell(record(now, {})) == dashboard.SYMBOL["not run"]
+    assert dashboard.sanitizer([record(now, every)], "toy.b", False, now) == "n/a"
+
+
 def test_a_mutation_record_is_stale_once_a_file_it_sampled_changes(monkeypatch):
     """The kill rate shown is marked stale when a sampled file's blob at the record's commit differs from the
     working tree's (and current when they match). The working tree is made to hold the file as at its last commit,
