@@ -280,22 +280,21 @@ def csr_bad_inputs(routes: tuple[str, ...], offsets: str = "offsets", ids: str =
 
     return bad + tuple(BadInput(ids, what, routes, misplaced(change), ids_device_mode) for what, change in (
         ("the last alone at S", lambda i, S: torch.cat([i[:-1], i.new_full((1,), S)])),
-        ("S at rows inside the last segment", lambda i, S: _at_rows(i, _strays(i, tile_rows), S)),
-        ("the first segment's id inside the last segment", lambda i, S: _at_rows(i, [_last_rows(i)[0] + 1], 0))))
+        ("S at rows inside the last segment", lambda i, S: _at_rows(i, _strays(i, S, tile_rows), S)),
+        ("the first segment's id inside the last segment", lambda i, S: _at_rows(i, [_last_rows(i, S)[0] + 1], 0))))
 
 
-def _last_rows(ids: torch.Tensor) -> tuple[int, int]:
-    """``(first, N)``: the last segment of the sorted ``ids`` holds rows first .. N - 1, two or more."""
-    N = ids.numel()
-    first = int((ids < ids[-1]).sum()) if N else 0
+def _last_rows(ids: torch.Tensor, S: int) -> tuple[int, int]:
+    """``(first, N)``: segment S - 1 of the sorted ``ids`` holds rows first .. N - 1, two or more."""
+    N, first = ids.numel(), int((ids < S - 1).sum())
     if N - first < 2:
         raise ValueError(f"the bad input needs a last segment of two rows or more, the case's has {N - first}")
     return first, N
 
 
-def _strays(ids: torch.Tensor, tile_rows: Optional[Callable[[torch.device], int]]) -> list[int]:
+def _strays(ids: torch.Tensor, S: int, tile_rows: Optional[Callable[[torch.device], int]]) -> list[int]:
     """Rows inside the last segment (not its first): the second to last, and every row ending a tile."""
-    (first, N), tile = _last_rows(ids), tile_rows(ids.device) if tile_rows else 0
+    (first, N), tile = _last_rows(ids, S), tile_rows(ids.device) if tile_rows else 0
     return [r for r in range(first + 1, N) if r == N - 2 or (tile and (r + 1) % tile == 0)]
 
 

@@ -60,6 +60,15 @@ class Cell:
 
 
 @functools.lru_cache(maxsize=None)
+def commit_time(sha: str) -> int:
+    """The commit time (seconds since the epoch) of ``sha``; 0 when the repository does not have it."""
+    try:
+        return int(git("show", "-s", "--format=%ct", sha)) if sha else 0
+    except (RuntimeError, OSError, ValueError):
+        return 0
+
+
+@functools.lru_cache(maxsize=None)
 def commit_date(sha: str) -> str:
     """The commit date (YYYY-MM-DD) of ``sha``; empty when the repository does not have it."""
     try:
@@ -102,28 +111,27 @@ def device_label(record: Mapping[str, Any]) -> str:
 def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool, blobs: Mapping[str, str]) -> str:
     """The compute-sanitizer result of a Triton route from the GPU records made on the current sources (``blobs``):
     pass when every tool passed on every dtype, else the failing tools. When no current record ran the tools, the
-    result of the stale records that did, marked stale with their commits; ``not run`` when none did;
-    ``n/a`` for other routes."""
+    result of the newest stale record that did (by commit time), marked stale with its commit; ``not run`` when
+    none did; ``n/a`` for other routes."""
     if not triton:
         return "n/a"
-    gpu = [r for r in records if r["device"]["type"] == "cuda"]
-    for chosen in ([r for r in gpu if is_current(r, blobs)], [r for r in gpu if not is_current(r, blobs)]):
-        found: dict[str, str] = {}
-        ran = [r for r in chosen if _tool_checks(r, route_id)]
-        for name, status in (c for r in ran for c in _tool_checks(r, route_id)):
-            found[name] = "fail" if "fail" in (found.get(name), status) else status
-        if found:
-            break
-    else:
+    ran = [r for r in records if r["device"]["type"] == "cuda" and _tool_checks(r, route_id)]
+    current = [r for r in ran if is_current(r, blobs)]
+    stale = sorted((r for r in ran if not is_current(r, blobs)), key=lambda r: commit_time(r.get("commit", "")))
+    chosen = current or stale[-1:]
+    if not chosen:
         return SYMBOL["not run"]
+    found: dict[str, str] = {}
+    for name, status in (c for r in chosen for c in _tool_checks(r, route_id)):
+        found[name] = "fail" if "fail" in (found.get(name), status) else status
     failing = [t for t in SANITIZER_TOOLS if found.get(t) == "fail"]
     missing = [t for t in SANITIZER_TOOLS if t not in found]
     word = "fail" if failing else "pass"
     detail = f": {', '.join(failing)}" if failing else f" (not run: {', '.join(missing)})" if missing else ""
-    if any(is_current(r, blobs) for r in ran):
+    if current:
         return SYMBOL[word] + detail
-    commits = sorted({f"`{r['commit'][:7]}`" for r in ran if r.get("commit")})
-    return f"{SYMBOL['stale']} ({word}{detail})" + (f"<br>{' '.join(commits)}" if commits else "")
+    commit = chosen[0].get("commit", "")
+    return f"{SYMBOL['stale']} ({word}{detail})" + (f"<br>`{commit[:7]}`" if commit else "")
 
 
 def _tool_checks(record: Mapping[str, Any], route_id: str) -> list[tuple[str, str]]:

@@ -193,7 +193,7 @@ def test_ragged_items_split_by_the_index_and_join_back(form):
     assert [p.kwargs["x"].shape[0] for p in parts] == [2, 0, 3]
     assert all(torch.equal(p.upstream["value"], case.upstream["value"][s:s + 1]) for s, p in enumerate(parts))
     assert parts[2].kwargs[form].tolist() == ([0, 3] if form == "offsets" else [0, 0, 0])
-    assert parts[2].kwargs.get("num_segments", 1) == 1
+    assert parts[2].kwargs.get("num_segments") == (1 if form == "ids" else None)
     joined = items.join(case, [parts[2], parts[0]])
     assert joined.kwargs[form].tolist() == ([0, 3, 5] if form == "offsets" else [0, 0, 0, 1, 1])
     assert torch.equal(joined.kwargs["x"], torch.cat([case.kwargs["x"][2:5], case.kwargs["x"][:2]]))
@@ -219,15 +219,16 @@ def test_csr_bad_inputs_change_the_index_in_the_form_they_name():
 def test_csr_bad_inputs_misplace_ids_a_search_as_if_sorted_can_miss():
     from kernel_sentinel.cases import csr_bad_inputs
 
-    made = csr_bad_inputs(("toy.*",), segments=lambda c: 3, tile_rows=lambda device: 4)
+    made = csr_bad_inputs(("toy.*",), segments=lambda c: c.kwargs["num_segments"], tile_rows=lambda device: 4)
     bad = {b.what: b for b in made if b.argument == "ids"}
     case = _csr_case("ids", lengths=(2, 0, 6))  # ids 0 0 2 2 2 2 2 2: the last segment holds rows 2 .. 7
     assert bad["the last alone at S"].make(case).kwargs["ids"].tolist() == [0, 0, 2, 2, 2, 2, 2, 3]
     assert bad["S at rows inside the last segment"].make(case).kwargs["ids"].tolist() == [0, 0, 2, 3, 2, 2, 3, 3]
     assert bad["the first segment's id inside the last segment"].make(case).kwargs["ids"].tolist() == [
         0, 0, 2, 0, 2, 2, 2, 2]
-    with pytest.raises(ValueError, match="a last segment of two rows or more, the case's has 1"):
-        bad["S at rows inside the last segment"].make(_csr_case("ids", lengths=(2, 1)))
+    for lengths, rows in (((2, 1), 1), ((2, 3, 0), 0)):  # the last segment: one row; none (not segment 1's three)
+        with pytest.raises(ValueError, match=f"a last segment of two rows or more, the case's has {rows}"):
+            bad["S at rows inside the last segment"].make(_csr_case("ids", lengths=lengths))
 
 
 def test_standard_bad_inputs_of_ranges_counts_flags_and_choices():

@@ -218,6 +218,26 @@ def test_trailing_dims_strided_x_and_repeatability():
 
 
 @INTERPRETED
+@pytest.mark.parametrize("ids_are", ["sorted", "shuffled, some past S, some negative"])
+def test_the_registrations_transcription_of_the_search_finds_the_kernels_bounds(ids_are):
+    """``searched_below`` (the registration's Python copy of the kernels' FAN-ary search, which the device-mode NaN
+    rule reads) gives the bounds the Triton forward writes for the ids form, over more than FAN**2 rows (three
+    search steps), for valid and for bad ids."""
+    from provable_kernels.segment.family import searched_below
+    from provable_kernels.segment.triton_ops import forward
+    from provable_kernels.segment.triton_segment import FAN
+
+    g, S = torch.Generator().manual_seed(3), 40
+    ids = torch.randint(0, S, (FAN.value ** 2 + 77,), generator=g).sort().values
+    if ids_are != "sorted":
+        ids = ids[torch.randperm(ids.numel(), generator=g)] + torch.randint(-1, 2, ids.shape, generator=g) * 10
+    csr = forward(torch.zeros(ids.numel(), 1), None, ids, S, "sum", 0.0, False, False)[2]
+    assert csr.tolist() == [searched_below(ids.tolist(), s) for s in range(S + 1)]
+    if ids_are == "sorted":
+        assert csr.tolist() == torch.searchsorted(ids, torch.arange(S + 1)).tolist()
+
+
+@INTERPRETED
 def test_custom_ops_pass_opcheck():
     """The Triton kernels are torch custom ops that pass torch.library.opcheck."""
     x, offsets, ids = problem(LENGTHS["blocked"], D=2)

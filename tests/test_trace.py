@@ -253,9 +253,10 @@ def test_status_at_a_glance_rolls_up_per_device_and_splits_dtypes_only_where_the
     ]
 
 
-def test_the_sanitizer_column_reads_current_records_and_marks_a_stale_result_stale():
+def test_the_sanitizer_column_reads_current_records_and_marks_a_stale_result_stale(monkeypatch):
     """A Triton route's sanitizer cell shows the compute-sanitizer result of the GPU records made on the current
-    sources; where none of them ran the tools, the stale records' result, marked stale with their commits."""
+    sources; where none of them ran the tools, the newest stale record's result that did, marked stale with its
+    commit."""
     from kernel_sentinel import dashboard
 
     def record(sources, tools, commit="abcdef0123"):
@@ -263,6 +264,7 @@ def test_the_sanitizer_column_reads_current_records_and_marks_a_stale_result_sta
         return {"device": {"type": "cuda", "name": "Big GPU"}, "commit": commit, "sources": sources,
                 "routes": [{"id": "toy.b", "dtype": "float32", "status": "pass", "checks": checks}]}
 
+    monkeypatch.setattr(dashboard, "commit_time", {"abcdef0123": 2, "0ld0ld0ld0": 1}.get)
     now, old = {"kernels/toy.py": "1"}, {"kernels/toy.py": "0"}
     every = dict.fromkeys(dashboard.SANITIZER_TOOLS, "pass")
     cell = lambda *records: dashboard.sanitizer(records, "toy.b", True, now)  # noqa: E731
@@ -271,6 +273,8 @@ def test_the_sanitizer_column_reads_current_records_and_marks_a_stale_result_sta
     assert cell(record(now, {}), record(old, every)) == dashboard.SYMBOL["stale"] + " (pass)<br>`abcdef0`"
     assert cell(record(now, {}), record(old, {"memcheck": "pass"})) == (
         dashboard.SYMBOL["stale"] + " (pass (not run: racecheck, initcheck, synccheck))<br>`abcdef0`")
+    older_failure = record(old, {**every, "memcheck": "fail"}, "0ld0ld0ld0")
+    assert cell(older_failure, record(old, every)) == dashboard.SYMBOL["stale"] + " (pass)<br>`abcdef0`"
     assert cell(record(now, {})) == dashboard.SYMBOL["not run"]
     assert dashboard.sanitizer([record(now, every)], "toy.b", False, now) == "n/a"
 
