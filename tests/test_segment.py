@@ -219,22 +219,29 @@ def test_trailing_dims_strided_x_and_repeatability():
 
 @INTERPRETED
 @pytest.mark.parametrize("ids_are", ["sorted", "shuffled, some past S, some negative"])
-def test_the_registrations_transcription_of_the_search_finds_the_kernels_bounds(ids_are):
-    """``searched_below`` (the registration's Python copy of the kernels' FAN-ary search, which the device-mode NaN
-    rule reads) gives the bounds the Triton forward writes for the ids form, over more than FAN**2 rows (three
-    search steps), for valid and for bad ids."""
-    from provable_kernels.segment.family import searched_below
-    from provable_kernels.segment.triton_ops import forward
-    from provable_kernels.segment.triton_segment import FAN
+def test_the_device_mode_nan_rule_holds_over_three_search_steps(ids_are):
+    """In device mode the Triton kernels put NaN for bad ids where the registration's rule says
+    (``nan_where_the_ids_misplace``, which computes the bounds with a Python copy of the kernels' FAN-ary search),
+    also over more than FAN**2 rows (three search steps); valid ids give no NaN."""
+    from kernel_sentinel.family import Case
+    from kernel_sentinel.registry import family
 
+    from provable_kernels.segment.triton_segment import FAN
+    from provable_kernels.validate import value_checks
+
+    rule = next(b.device_mode for b in family("segment").bad_inputs if b.device_mode is not None)
     g, S = torch.Generator().manual_seed(3), 40
     ids = torch.randint(0, S, (FAN.value ** 2 + 77,), generator=g).sort().values
     if ids_are != "sorted":
         ids = ids[torch.randperm(ids.numel(), generator=g)] + torch.randint(-1, 2, ids.shape, generator=g) * 10
-    csr = forward(torch.zeros(ids.numel(), 1), None, ids, S, "sum", 0.0, False, False)[2]
-    assert csr.tolist() == [searched_below(ids.tolist(), s) for s in range(S + 1)]
-    if ids_are == "sorted":
-        assert csr.tolist() == torch.searchsorted(ids, torch.arange(S + 1)).tolist()
+    x = torch.randn(ids.numel(), 1, generator=g).requires_grad_()
+    with value_checks("device"), recording() as taken:
+        value = segment_reduce(x, "sum", ids=ids, num_segments=S)
+    value.backward(torch.ones_like(value))
+    assert taken == ["segment.triton.sum.train.ids"]
+    case = Case("segment.triton.sum.train.ids", "segment_reduce", {"x": x, "ids": ids, "num_segments": S}, ids_are)
+    rule(case, {"value": value.detach(), "grad_x": x.grad})
+    assert torch.isnan(value).any() == (ids_are != "sorted")
 
 
 @INTERPRETED
