@@ -200,8 +200,8 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
         made += [(name, "a list", lambda x, c: x.detach().tolist()), (name, "0-D", lambda x, c: _wrong_rank(x)),
                  (name, "wrong dtype", lambda x, c: _wrong_dtype(x))]
     made += [(name, "on another device", lambda x, c: x.detach().to("meta")) for name in other_device]
-    made += [(name, "NaN", lambda x, c: _with_value(math.nan)(x)) for name in rejects_nan]
-    made += [(name, "+inf", lambda x, c: _with_value(math.inf)(x)) for name in rejects_inf]
+    made += [(name, "NaN", lambda x, c, put=_with_value(math.nan): put(x)) for name in rejects_nan]
+    made += [(name, "+inf", lambda x, c, put=_with_value(math.inf): put(x)) for name in rejects_inf]
     for name, (low, high) in (in_range or {}).items():
         made += [(name, f"{low - 1} (below {low})", lambda x, c, v=low - 1: torch.full_like(x, v)),
                  (name, "one past the largest allowed", lambda x, c, h=high: torch.full_like(x, h(c) + 1))]

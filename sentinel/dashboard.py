@@ -115,14 +115,15 @@ def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool,
     none did; ``n/a`` for other routes."""
     if not triton:
         return "n/a"
-    ran = [r for r in records if r["device"]["type"] == "cuda" and _tool_checks(r, route_id)]
-    current = [r for r in ran if is_current(r, blobs)]
-    stale = sorted((r for r in ran if not is_current(r, blobs)), key=lambda r: commit_time(r.get("commit", "")))
+    ran = [(r, checks) for r in records if r["device"]["type"] == "cuda" and (checks := _tool_checks(r, route_id))]
+    current = [item for item in ran if is_current(item[0], blobs)]
+    stale = sorted((item for item in ran if not is_current(item[0], blobs)),
+                   key=lambda item: commit_time(item[0].get("commit", "")))
     chosen = current or stale[-1:]
     if not chosen:
         return SYMBOL["not run"]
     found: dict[str, str] = {}
-    for name, status in (c for r in chosen for c in _tool_checks(r, route_id)):
+    for name, status in (c for _, checks in chosen for c in checks):
         found[name] = "fail" if "fail" in (found.get(name), status) else status
     failing = [t for t in SANITIZER_TOOLS if found.get(t) == "fail"]
     missing = [t for t in SANITIZER_TOOLS if t not in found]
@@ -130,7 +131,7 @@ def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool,
     detail = f": {', '.join(failing)}" if failing else f" (not run: {', '.join(missing)})" if missing else ""
     if current:
         return SYMBOL[word] + detail
-    commit = chosen[0].get("commit", "")
+    commit = chosen[0][0].get("commit", "")
     return f"{SYMBOL['stale']} ({word}{detail})" + (f"<br>`{commit[:7]}`" if commit else "")
 
 
