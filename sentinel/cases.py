@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -162,6 +162,11 @@ def _wrong_dtype(x: torch.Tensor) -> torch.Tensor:
     return x.detach().long() if x.is_floating_point() else x.detach().double()
 
 
+def _longer(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` with its first slice along ``dim`` appended."""
+    return torch.cat([x, x.narrow(dim, 0, 1)], dim)
+
+
 def _with_value(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
     def put(x: torch.Tensor) -> torch.Tensor:
         x = x.detach().clone()
@@ -175,7 +180,8 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
                         rejects_nan: Sequence[str] = (), rejects_inf: Sequence[str] = (),
                         in_range: Optional[Mapping[str, tuple[int, Callable[[Case], int]]]] = None,
                         counts: Optional[Mapping[str, int]] = None, flags: Sequence[str] = (),
-                        choices: Sequence[str] = (),
+                        choices: Union[Sequence[str], Mapping[str, str]] = (),
+                        shapes: Optional[Mapping[str, Sequence[int]]] = None,
                         csr: Optional[Mapping[str, Any]] = None) -> tuple[BadInput, ...]:
     """The bad inputs of the arguments named, for the routes matching ``routes``; each expects a
     ``ValueError``/``TypeError`` whose message starts with the argument's name:
@@ -189,7 +195,10 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
       element low - 1, every element high + 1;
     - ``counts``: ``{name: least}`` for an int argument of at least ``least``: least - 1, a float, a bool;
     - every name in ``flags`` (a bool argument): an int, a string;
-    - every name in ``choices`` (an argument naming one of some options): a name that is none of them;
+    - every name in ``choices`` (an argument naming one of some options): a name that is none of them, or, given
+      ``{name: near_miss}``, the name ``near_miss`` (an option a user might expect, such as ``reduce="prod"``);
+    - ``shapes``: ``{name: dims}``: the tensor one longer along each of ``dims`` (its first slice appended), for
+      dims whose size another argument fixes;
     - ``csr``: the bad indices of :func:`csr_bad_inputs` (its keyword arguments).
 
     The argument must be in the case the check builds (the route's ``tiny`` case), a tensor where a tensor is
@@ -210,8 +219,13 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
                  (name, "a float", lambda x, c, v=float(least + 1): v), (name, "a bool", lambda x, c: True)]
     for name in flags:
         made += [(name, "an int", lambda x, c: 1), (name, "a string", lambda x, c: "yes")]
-    made += [(name, "a name of no option", lambda x, c: "no such option") for name in choices]
-    changes_tensor = set(tensors) | set(other_device) | set(rejects_nan) | set(rejects_inf) | set(in_range or ())
+    near_misses = choices.items() if isinstance(choices, Mapping) else ((name, None) for name in choices)
+    made += [(name, f"{miss!r}, not an option" if miss else "a name of no option",
+              lambda x, c, v=miss or "no such option": v) for name, miss in near_misses]
+    made += [(name, f"one longer along dim {d}", lambda x, c, d=d: _longer(x.detach(), d))
+             for name, dims in (shapes or {}).items() for d in dims]
+    changes_tensor = set(tensors) | set(other_device) | set(rejects_nan) | set(rejects_inf) | set(in_range or ()) | set(
+        shapes or ())
 
     def bad(name: str, what: str, fn: Callable[[Any, Case], Any]) -> BadInput:
         def make(case: Case) -> Case:

@@ -10,8 +10,8 @@ Family-wide names, read from ``family.py``:
 
 - ``TOLERANCES``: ``{dtype: (atol, rtol)}``: the verified dtypes, in order, and the error allowed against the
   float64 reference (``|x - ref| <= atol + rtol * |ref|``).
-- ``INVARIANTS``: the pytest node ids of the tests that check the family's promises, each promise stated by the
-  first paragraph of its test's docstring (one statement, in one place). ``GUARDS``: ``(text, function
+- ``INVARIANTS``: the tests that check the family's promises, as pytest node ids or ``{test file: test names}``,
+  each promise stated by the first paragraph of its test's docstring (one statement, in one place). ``GUARDS``: ``(text, function
   where the guard is)`` pairs. ``KNOWN_ISSUES``: texts (shown unrated) or ``(text, severity, frequency,
   resolution[, commit that resolved it])``.
 - ``FAILURE_MODES``: ``{symptom: (page to read first, second page, what covers it[, routes])}`` (pages relative to
@@ -60,9 +60,9 @@ Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
   gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``routes`` (default the
   part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
 - ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
-  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``in_range``, ``counts``, ``flags``, ``choices``, ``csr`` for
-  a CSR index: the keyword arguments of :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``, default the
-  part's), or a tuple of them.
+  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``in_range``, ``counts``, ``flags``, ``choices``, ``shapes``,
+  ``csr`` for a CSR index: the keyword arguments of :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``,
+  default the part's), or a tuple of them.
 - ``BAD_INPUTS``: ``(argument, what, value[, routes[, device_mode]])``: the tiny case with ``argument`` replaced by
   ``value``, or by ``value(case)`` when it is callable (which may also return a whole new case); the call must
   raise an error naming ``argument``. Routes default to the part's (None: the part's). ``device_mode(case,
@@ -362,6 +362,13 @@ def _invariant(family: str, test: str) -> Invariant:
     return Invariant(text or test, test)
 
 
+def _node_ids(tests: Any) -> list[str]:
+    """Pytest node ids of ``tests``: node ids, or ``{file: test names}``."""
+    if isinstance(tests, Mapping):
+        return [f"{path}::{test}" for path, names in tests.items() for test in names]
+    return list(tests)
+
+
 def family_of(module: ModuleType) -> Family:
     """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``);
     ``TypeError`` when it is not one."""
@@ -400,7 +407,7 @@ def family_of(module: ModuleType) -> Family:
         make_case=make_case, run=lambda case: part_of(case.route_id).run(case),
         reference=lambda case: part_of(case.route_id).reference(case),
         tolerances=tolerances, dtypes=tuple(tolerances),
-        invariants=[_invariant(name, test) for test in getattr(module, "INVARIANTS", ())],
+        invariants=[_invariant(name, test) for test in _node_ids(getattr(module, "INVARIANTS", ()))],
         guards=[Guard(*g) for g in getattr(module, "GUARDS", ())],
         known_issues=[issue(i) for i in getattr(module, "KNOWN_ISSUES", ())],
         failure_modes=_failure_modes(name, getattr(module, "FAILURE_MODES", {})),

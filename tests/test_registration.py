@@ -235,15 +235,20 @@ def test_standard_bad_inputs_of_ranges_counts_flags_and_choices():
     from kernel_sentinel.cases import standard_bad_inputs
 
     made = standard_bad_inputs(("toy.*",), in_range={"lengths": (1, lambda c: c.kwargs["x"].shape[0])},
-                               counts={"K": 1}, flags=("fast",), choices=("mode",))
-    case = Case("toy.slow", "toy_sum", {"x": torch.zeros(4, 2), "lengths": torch.tensor([2, 4]), "K": 3,
-                                        "fast": False, "mode": "sum"}, "toy")
+                               counts={"K": 1}, flags=("fast",), choices=("mode",), shapes={"x": (0, -1)})
+    case = Case("toy.slow", "toy_sum", {"x": torch.arange(8.0).reshape(4, 2), "lengths": torch.tensor([2, 4]),
+                                        "K": 3, "fast": False, "mode": "sum"}, "toy")
     got = {(b.argument, b.what): b.make(case).kwargs[b.argument] for b in made}
     assert {k: v.tolist() for k, v in got.items() if k[0] == "lengths"} == {
         ("lengths", "0 (below 1)"): [0, 0], ("lengths", "one past the largest allowed"): [5, 5]}
-    assert [(k, v) for k, v in got.items() if k[0] != "lengths"] == [
+    assert {k: v.tolist() for k, v in got.items() if k[0] == "x"} == {
+        ("x", "one longer along dim 0"): [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1]],
+        ("x", "one longer along dim -1"): [[0, 1, 0], [2, 3, 2], [4, 5, 4], [6, 7, 6]]}
+    assert [(k, v) for k, v in got.items() if k[0] not in ("lengths", "x")] == [
         (("K", "0 (below 1)"), 0), (("K", "a float"), 2.0), (("K", "a bool"), True), (("fast", "an int"), 1),
         (("fast", "a string"), "yes"), (("mode", "a name of no option"), "no such option")]
+    near = standard_bad_inputs(("toy.*",), choices={"mode": "prod"})
+    assert [(b.what, b.make(case).kwargs["mode"]) for b in near] == [("'prod', not an option", "prod")]
     assert all(type(got["K", w]) is t for w, t in (("0 (below 1)", int), ("a float", float), ("a bool", bool)))
     with pytest.raises(TypeError, match="the case has no tensor 'lengths'"):
         made[0].make(Case("toy.slow", "toy_sum", {"lengths": [2, 4]}, "toy"))

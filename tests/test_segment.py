@@ -221,7 +221,7 @@ def test_trailing_dims_strided_x_and_repeatability():
 @pytest.mark.parametrize("ids_are", ["sorted", "shuffled, some past S, some negative"])
 def test_the_device_mode_nan_rule_holds_over_three_search_steps(ids_are):
     """In device mode the Triton kernels put NaN for bad ids where the registration's rule says
-    (``nan_where_the_ids_misplace``, which computes the bounds with a Python copy of the kernels' FAN-ary search),
+    (``oracle.nan_for_misplaced_ids``, which computes the bounds with a Python copy of the kernels' FAN-ary search),
     also over more than FAN**2 rows (three search steps); valid ids give no NaN."""
     from kernel_sentinel.family import Case
     from kernel_sentinel.registry import family

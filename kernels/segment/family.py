@@ -94,13 +94,6 @@ def fit(route_id: str, p: Any, device: torch.device) -> dict:
                 integers=p.get("integers", reduce in ADJOINTS))
 
 
-def _index(form: str, lengths: list[int]) -> dict[str, torch.Tensor]:
-    counts = torch.tensor(lengths, dtype=torch.int64)
-    if form == "offsets":
-        return {"offsets": torch.cat([counts.new_zeros(1), counts.cumsum(0)])}
-    return {"ids": torch.repeat_interleave(torch.arange(len(lengths)), counts)}
-
-
 def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
     path = _path(route_id)
     reduce = path["reduce"]
@@ -111,7 +104,7 @@ def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> t
     weights = torch.randn((S, *p.trailing), generator=gen, dtype=torch.float64)
     if p.get("sign"):
         weights = torch.full_like(weights, p.sign)
-    index, use_triton = _index(form, p.lengths), path["backend"] == "triton"
+    index, use_triton = oracle.csr_index(p.lengths, form), path["backend"] == "triton"
     if path["op"] == "adjoint":
         return ADJOINTS[reduce], {"grad_output": weights, "x": x, **index, "use_triton": use_triton}, {}
     kwargs = {"x": x, "reduce": reduce, **index, **({"num_segments": S} if form == "ids" else {}), "empty": EMPTY,
@@ -166,7 +159,7 @@ def example(pick: Any, integers: bool = False) -> dict:
 def _unindexed(case: Any, what: str, *forms: str) -> Any:
     """The case with its index in each of ``forms`` (offsets, ids; none: no index; ids with num_segments when it
     is the only form of a ``segment_reduce`` case: the adjoint takes S from grad_output)."""
-    index = {n: x.to(case.device) for form in forms for n, x in _index(form, list(case.problem.lengths)).items()}
+    index = {n: x.to(case.device) for form in forms for n, x in oracle.csr_index(case.problem.lengths, form).items()}
     if forms == ("ids",) and case.entry == segment_reduce.__name__:
         index["num_segments"] = len(case.problem.lengths)
     moved = case.without(what, "offsets", "ids", "num_segments")
@@ -260,17 +253,12 @@ def chunks_follow_the_rule(check: Any, case: Any) -> None:
     """The kernels cut a long segment of n rows into chunks of the least power of two >= min_chunk rows holding n in
     at most target chunks, capped at min_chunk * 2**doublings (``triton_ops.Sizes`` of the case's device): against
     that rule as a Python loop, at each doubling's threshold (target chunks of r rows, one row less and one more),
-    0, 1 and past the cap. The chunking moves only a sum's rounding, within tolerance, so no value check sees it."""
+    0, 1 and past the cap (``oracle.chunk_rows``). The chunking moves only a sum's rounding, within tolerance, so no
+    value check sees it."""
     z = triton_ops.sizes(1, case.device)
-    cap = z.min_chunk << z.doublings
-    lengths = [0, 1, 2 * cap * z.target] + [(z.min_chunk << i) * z.target + d for i in range(z.doublings + 1)
-                                            for d in (-1, 0, 1)]
-    want = []
-    for n in lengths:
-        rows = z.min_chunk
-        while rows < cap and rows * z.target < n:
-            rows *= 2
-        want.append(rows)
+    lengths = [0, 1, 2 * (z.min_chunk << z.doublings) * z.target] + [
+        (z.min_chunk << i) * z.target + d for i in range(z.doublings + 1) for d in (-1, 0, 1)]
+    want = [oracle.chunk_rows(n, z.min_chunk, z.doublings, z.target) for n in lengths]
     K = triton.next_power_of_2(len(lengths))
     n = torch.tensor(lengths + [0] * (K - len(lengths)), dtype=torch.int32, device=case.device)
     out = torch.empty_like(n)
@@ -389,54 +377,32 @@ def _stray_in_long_segment_1(case: Any) -> Any:
     second = lengths[0] + 1
 
     case = _in_form(case, "ids")
-    ids = _index("ids", lengths)["ids"].to(case.device, case.kwargs["ids"].dtype)
+    ids = oracle.csr_index(lengths, "ids")["ids"].to(case.device, case.kwargs["ids"].dtype)
     return case.with_kwargs(case.description, ids=ids.index_fill(0, torch.tensor([second], device=case.device),
                                                                  len(lengths)))
 
 
-def searched_below(values: list[int], target: int) -> int:
-    """How many of ``values`` lie below ``target`` as the kernels' FAN-ary search counts them (FAN probes a step,
-    :func:`~provable_kernels.segment.triton_segment._count_below`), written out in Python: the count of sorted values,
-    for unsorted ones whatever the probes meet."""
-    lo, hi = 0, len(values)
-    while hi > lo:
-        step = -(-(hi - lo) // FAN.value)
-        count = sum(values[at] < target for at in range(lo, hi, step))
-        last = lo + (count - 1) * step
-        lo, hi = (last + 1, min(last + step, hi)) if count else (lo, lo)
-    return lo
-
-
 def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
-    """Which outputs the Triton kernels make NaN for bad ids in device mode, read against ``csr``, the segments'
-    bounds that the kernels' search over the ids finds (``csr[s]``: :func:`searched_below` s): segment s's value is
-    NaN when the first id lies below 0 or the last at S or above, when its bounds are reversed, or when a row inside
-    them holds another id; row r's gradient is NaN when r lies outside the bounds of its id's segment (the id clamped
-    into 0 .. S - 1, and it must be r's own id) or ``csr`` does not run from 0 to N. Elsewhere nothing is NaN."""
+    """In device mode the Triton routes' outputs are NaN for bad ids exactly where ``oracle.nan_for_misplaced_ids``
+    says (segments' values, rows' gradients)."""
     kw = case.kwargs
     if not case.route_id.startswith("segment.triton.") or kw.get("ids") is None:
         return
-    ids, N = kw["ids"].cpu().tolist(), kw["x"].shape[0]
     S = kw["num_segments"] if "num_segments" in kw else kw["grad_output"].shape[0]
-    csr = [searched_below(ids, s) for s in range(S + 1)]
-    in_range = N == 0 or (ids[0] >= 0 and ids[-1] < S)
-    spoiled = [not in_range or csr[s] > csr[s + 1] or any(i != s for i in ids[csr[s]:csr[s + 1]]) for s in range(S)]
-    spans = csr[0] == 0 and csr[S] == N
-    seg = [min(max(i, 0), max(S - 1, 0)) for i in ids]
-    outside = [not (spans and i == s and csr[s] <= r < csr[s + 1]) for r, (i, s) in enumerate(zip(ids, seg))]
-    for name, want in (("value", spoiled), ("grad_x", outside)):
+    for name, want in zip(("value", "grad_x"), oracle.nan_for_misplaced_ids(kw["ids"].tolist(), S, FAN.value)):
         if name in outputs:
             got = torch.isnan(outputs[name].reshape(len(want), -1).cpu())
             assert got.any(1).tolist() == got.all(1).tolist() == want, (
                 f"{name}: NaN at {torch.nonzero(got.any(1)).flatten().tolist()}, the ids' misplacement gives "
-                f"{[k for k, bad in enumerate(want) if bad]} (csr {csr})")
+                f"{[k for k, bad in enumerate(want) if bad]}")
 
 
 BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = (dict(tensors=("x",), flags=("use_triton",),
                             csr=dict(in_form=_in_form, ids_device_mode=nan_where_the_ids_misplace,
                                      segments=lambda c: len(c.problem.lengths), tile_rows=triton_ops.short_rows)),
-                       dict(choices=("reduce",), routes=REDUCE_ROUTES))
+                       dict(choices={"reduce": "prod"}, routes=REDUCE_ROUTES),
+                       dict(tensors=("grad_output",), shapes={"grad_output": (-1,)}, routes=BACKWARD))
 BAD_INPUTS = (
     ("empty", "a string", "zero", REDUCE_ROUTES),
     ("empty", "below float32's range", 1e-300, REDUCE_ROUTES),
@@ -448,19 +414,16 @@ BAD_INPUTS = (
     ("num_segments", "a bool", lambda c: IDS(c).with_kwargs(c.description, num_segments=True), REDUCE_ROUTES),
     ("num_segments", "negative", lambda c: IDS(c).with_kwargs(c.description, num_segments=-1), REDUCE_ROUTES),
     ("num_segments", "not offsets.numel() - 1",
-     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99), REDUCE_ROUTES),
-    ("grad_output", "wrong shape", lambda c: c.kwargs["grad_output"][..., :1], BACKWARD),
-    ("grad_output", "wrong dtype", lambda c: c.kwargs["grad_output"].long(), BACKWARD))
+     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99), REDUCE_ROUTES))
 
 
 # ------------------------------------------------------------------------------------------- documentation
 
-TESTS = "tests/test_segment.py"
-INVARIANTS = tuple(f"{TESTS}::{name}" for name in (
+INVARIANTS = {"tests/test_segment.py": (
     "test_triton_matches_oracle", "test_dtypes_match_oracle", "test_adjoint_bitwise_equals_autograd",
     "test_ties_go_to_first_occurrence", "test_nan_inf_and_empty_segments",
     "test_trailing_dims_strided_x_and_repeatability", "test_custom_ops_pass_opcheck",
-    "test_peer_defect_torch_segment_reduce_tie_gradient"))
+    "test_peer_defect_torch_segment_reduce_tie_gradient")}
 
 GRADIENT_ROUTES = ("segment.*.train.*", "segment.*_backward")
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]

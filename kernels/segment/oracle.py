@@ -7,6 +7,7 @@ give the whole upstream gradient to the first row holding the extreme value, the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -20,6 +21,53 @@ def offsets_from_ids(ids: torch.Tensor, num_segments: int) -> list[int]:
     for c in counts:
         offsets.append(offsets[-1] + c)
     return offsets
+
+
+def csr_index(lengths: Sequence[int], form: str) -> dict[str, torch.Tensor]:
+    """The index of segments of ``lengths`` rows in ``form``: ``{"offsets": (S+1,)}`` or ``{"ids": (N,)}``, int64."""
+    counts = torch.tensor(lengths, dtype=torch.int64)
+    if form == "offsets":
+        return {"offsets": torch.cat([counts.new_zeros(1), counts.cumsum(0)])}
+    return {"ids": torch.repeat_interleave(torch.arange(len(lengths)), counts)}
+
+
+def searched_below(values: list[int], target: int, fan: int) -> int:
+    """How many of ``values`` lie below ``target`` as a search probing ``fan`` values a step counts them (the Triton
+    kernels' search of the ids): the count of sorted values, for unsorted ones whatever the probes meet."""
+    lo, hi = 0, len(values)
+    while hi > lo:
+        step = -(-(hi - lo) // fan)
+        count = sum(values[at] < target for at in range(lo, hi, step))
+        last = lo + (count - 1) * step
+        lo, hi = (last + 1, min(last + step, hi)) if count else (lo, lo)
+    return lo
+
+
+def nan_for_misplaced_ids(ids: list[int], num_segments: int, fan: int) -> tuple[list[bool], list[bool]]:
+    """Which segments' values and which rows' gradients the Triton kernels make NaN in device mode for ``ids`` (any
+    ints): read against ``csr``, the bounds the kernels' search finds (``csr[s]``: :func:`searched_below` s; so
+    ``csr[s + 1]``, found as the ids ``<= s``, equals that strict search for s + 1 because ids are integers).
+    Segment s's value is NaN when the first id lies below 0 or the last at S or above, when its bounds are
+    reversed, or when a row inside them holds another id. Row r's gradient is NaN when r lies outside the bounds of
+    its id's segment (the id clamped into 0 .. S - 1, and it must be r's own id) or ``csr`` does not run from 0 to
+    N. Nothing else is NaN."""
+    S, N = num_segments, len(ids)
+    csr = [searched_below(ids, s, fan) for s in range(S + 1)]
+    in_range = N == 0 or (ids[0] >= 0 and ids[-1] < S)
+    spoiled = [not in_range or csr[s] > csr[s + 1] or any(i != s for i in ids[csr[s]:csr[s + 1]]) for s in range(S)]
+    spans = csr[0] == 0 and csr[S] == N
+    seg = [min(max(i, 0), max(S - 1, 0)) for i in ids]
+    outside = [not (spans and i == s and csr[s] <= r < csr[s + 1]) for r, (i, s) in enumerate(zip(ids, seg))]
+    return spoiled, outside
+
+
+def chunk_rows(n: int, min_chunk: int, doublings: int, target: int) -> int:
+    """The rows of each chunk of a segment of ``n`` rows: the least power of two >= ``min_chunk`` holding ``n`` in at
+    most ``target`` chunks, capped at ``min_chunk * 2**doublings``."""
+    rows, cap = min_chunk, min_chunk << doublings
+    while rows < cap and rows * target < n:
+        rows *= 2
+    return rows
 
 
 def _columns(x: torch.Tensor) -> list[list[float]]:

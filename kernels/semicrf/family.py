@@ -191,6 +191,8 @@ def _large(scale: float, offset: float) -> dict:
 
 
 NO_PATH, NEG_INF = {"allow_inf": ("value", "score")}, lambda x: x.fill_(-math.inf)
+ALL_LENGTHS_1 = {"problem": lambda c: {"lengths": (1,) * c.problem.B}}
+K_ABOVE_T = {"problem": lambda c: {"K": c.problem.T + 2}}
 # Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
 # (triton_ops.config; CP = C padded to a power of two): many labels give several chunks per step, merged online.
 # Huge scores: logZ within 1e-6 relative, gradients 1e-4 ("agrees"), as for O(1) scores.
@@ -205,9 +207,9 @@ ADVERSARIAL = (
     ("scores, transitions, duration biases * 1e4", _large(1e4, 0), "agrees"),
     ("offsets of 1e4 keeping the distribution", _large(1, 1e4), "agrees"),
     ("length 1", {"problem": lambda c: {"lengths": (1,) + c.problem.lengths[1:]}}),
-    ("all lengths 1", {"problem": lambda c: {"lengths": (1,) * c.problem.B}}),
+    ("all lengths 1", ALL_LENGTHS_1),
     ("T = 1", {"problem": lambda c: {"T": 1, "lengths": (1,) * c.problem.B}}),
-    ("K > T", {"problem": lambda c: {"K": c.problem.T + 2}}),
+    ("K > T", K_ABOVE_T),
     ("C = 33, 3-D transitions: one duration per chunk", {"problem": {"C": 33, "transition_3d": True}}, "reference"),
     ("C = 40, K = T = 65, 2-D transitions: two duration chunks",
      {"problem": {"T": 65, "K": 65, "C": 40, "lengths": (65, 30)}}, "reference"),
@@ -216,8 +218,9 @@ ADVERSARIAL = (
 LENGTH = lambda c: c.problem.T  # noqa: E731  (the longest length allowed)
 STANDARD_BAD_INPUTS = (dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
                             rejects_nan=TENSORS, rejects_inf=TENSORS, in_range={"lengths": (1, LENGTH)},
-                            counts={"K": 1}, flags=("use_triton",)),
-                       dict(choices=("semiring",), routes=("semicrf.*.log.*", "semicrf.*.max.*")))
+                            counts={"K": 1}, flags=("use_triton",), shapes={"transition": (0, -1), "duration_bias": (
+                                0, 1), "lengths": (0,), "proj_start": (0, 1, 2), "proj_end": (0, 1, 2)}),
+                       dict(choices={"semiring": "viterbi"}, routes=("semicrf.*.log.*", "semicrf.*.max.*")))
 arg = lambda c, name: c.kwargs[name].detach()  # noqa: E731
 
 
@@ -233,24 +236,18 @@ BAD_INPUTS = (
     ("cum_scores", "C = 0", lambda c: arg(c, "cum_scores")[..., :0]),
     ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", lambda c: arg(c, "cum_scores") + 1),
     ("cum_scores", "NaN in the last row of the shortest sequence (padding past its length)", _nan_in_padding),
-    ("transition", "shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)),
-    ("transition", "twice as many rows", lambda c: torch.cat([arg(c, "transition")] * 2)),
-    ("duration_bias", "shape (K+1, C)", lambda c: torch.cat([arg(c, "duration_bias")] * 2)),
-    ("lengths", "shape (B+1,)", lambda c: torch.cat([arg(c, "lengths"), arg(c, "lengths")[:1]])),
-    ("proj_start", "shape (B, T+1, C)", lambda c: torch.cat([arg(c, "proj_start"), arg(c, "proj_start")[:, :1]], 1)),
-    ("proj_end", "shape (B, T, C+1)", lambda c: torch.cat([arg(c, "proj_end"), arg(c, "proj_end")[..., :1]], 2)))
+    ("transition", "2-D of shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)))
 
-REF, EXACT, HEAD, TRITON = (f"tests/test_semicrf_{name}.py" for name in ("reference", "exact", "head", "triton"))
-INVARIANTS = ("tests/test_verify.py::test_every_semicrf_route_passes_quick", *(f"{REF}::{name}" for name in (
+INVARIANTS = {"tests/test_verify.py": ("test_every_semicrf_route_passes_quick",), "tests/test_semicrf_reference.py": (
     "test_partition_matches_oracle", "test_viterbi_ties_prefer_shorter_duration_then_smaller_label",
     "test_log_gradients_match_brute_force", "test_max_gradients_are_the_best_path_indicator",
     "test_impossible_sequence_gives_neg_inf_and_zero_gradients", "test_repeated_runs_are_bitwise_identical",
-    "test_float32_stays_accurate_at_T_100000")), f"{EXACT}::test_edges_mean_the_streaming_convention",
-    f"{EXACT}::test_counting_gives_exact_counts", f"{HEAD}::test_nll_is_a_normalised_negative_log_likelihood",
-    "tests/test_semicrf_api.py::test_bad_argument_raises_naming_it",
-    *(f"{TRITON}::{name}" for name in ("test_log_gradients_against_brute_force",
-                                      "test_gradients_are_bitwise_deterministic",
-                                      "test_viterbi_against_oracle_with_ties")))
+    "test_float32_stays_accurate_at_T_100000"), "tests/test_semicrf_exact.py": (
+    "test_edges_mean_the_streaming_convention", "test_counting_gives_exact_counts"),
+    "tests/test_semicrf_head.py": ("test_nll_is_a_normalised_negative_log_likelihood",),
+    "tests/test_semicrf_api.py": ("test_bad_argument_raises_naming_it",), "tests/test_semicrf_triton.py": (
+    "test_log_gradients_against_brute_force", "test_gradients_are_bitwise_deterministic",
+    "test_viterbi_against_oracle_with_ties")}
 
 GUIDE, TRACE = "guide/semicrf", "semicrf/partition-triton.md"
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]

@@ -15,7 +15,7 @@ from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE as TREE
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.family import LENGTH, inputs
+from provable_kernels.semicrf.family import ALL_LENGTHS_1, K_ABOVE_T, LENGTH, inputs
 
 ROUTES, MARGINALS = "semicrf.exact.*", "semicrf.exact.marginals.*"
 LOGPARTITION = tuple(route.id for route, path in TREE.paths() if path[0][1] == "logpartition")
@@ -140,18 +140,18 @@ ADVERSARIAL = (
     ("scores of 1e4", {"problem": {"scale": 1e4}}, matches_enumeration,  # the pairs' float32 stops at 1e3: known issue
      {"routes": tuple(r for r in LOG_SPACE if r not in PAIRS)}),
     ("every segmentation of a sequence forbidden", _forbid_sequence, None, INF),
-    ("length 1", {"problem": lambda c: {"lengths": (1,) * c.problem.B}}, matches_enumeration, INF),
-    ("K > T", {"problem": lambda c: {"K": c.problem.T + 2}}, matches_enumeration))
+    ("length 1", ALL_LENGTHS_1, matches_enumeration, INF),
+    ("K > T", K_ABOVE_T, matches_enumeration))
 
-STANDARD_BAD_INPUTS = (dict(tensors=("edge",), rejects_nan=("edge",), rejects_inf=("edge",), routes=SINGLE),
-                       dict(tensors=("lengths",), in_range={"lengths": (1, LENGTH)}))
+STANDARD_BAD_INPUTS = (dict(tensors=("edge",), rejects_nan=("edge",), rejects_inf=("edge",), shapes={"edge": (-1,)},
+                            routes=SINGLE),
+                       dict(tensors=("lengths",), in_range={"lengths": (1, LENGTH)}, shapes={"lengths": (0,)}))
 EDGE = lambda c: c.kwargs["edge"]  # noqa: E731
 BAD_INPUTS = (
     ("semiring", "the string 'log'", "log"),
     ("semiring", "the base class Semiring()", lambda c: semirings.Semiring(), LOGPARTITION),
     ("semiring", "the KMax class (k missing)", lambda c: semirings.KMax, LOGPARTITION),
     ("edge", "4-D", lambda c: EDGE(c)[0], SINGLE),
-    ("edge", "shape (B, T, K, C, C+1)", lambda c: torch.cat([EDGE(c), EDGE(c)[..., :1]], -1), SINGLE),
     ("edge", "one tensor, not a pair", lambda c: EDGE(c)[0], PAIRS),
     ("edge", "edge[1] of another shape", lambda c: (EDGE(c)[0], EDGE(c)[1][:, :-1]), PAIRS),
     ("edge", "edge[0] with NaN", lambda c: (EDGE(c)[0].clone().fill_(math.nan), EDGE(c)[1]), PAIRS),

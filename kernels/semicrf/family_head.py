@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from provable_kernels.semicrf import oracle
-from provable_kernels.semicrf.family import LENGTH, decoded
+from provable_kernels.semicrf.family import ALL_LENGTHS_1, LENGTH, decoded
 from provable_kernels.semicrf.head import HEAD_TREE as TREE
 from provable_kernels.semicrf.head import SemiMarkovCRFHead
 
@@ -195,22 +195,21 @@ def _small_budget(case: Any) -> Any:
 ADVERSARIAL = (
     ("hidden states of 1e3", {"problem": {"scale": 1e3}}, matches_reference),
     ("hidden states of 1e4", {"problem": {"scale": 1e4}}, matches_reference),
-    ("length 1", {"problem": lambda c: {"lengths": (1,) * c.problem.B}}, matches_reference, {"allow_inf": ("value",)}),
+    ("length 1", ALL_LENGTHS_1, matches_reference, {"allow_inf": ("value",)}),
     ("every transition -inf", {"transition": lambda x: x.fill_(-math.inf)}, None,
      {"errors_ok": True, "allow_inf": ("value", "score")}))
 
 STANDARD_BAD_INPUTS = (dict(tensors=("hidden", "lengths"), rejects_nan=("hidden",), rejects_inf=("hidden",),
-                            in_range={"lengths": (1, LENGTH)}),
-                       dict(choices=("backend",), routes=("semicrf.head.streaming.*", "semicrf.head.exact.*")),
-                       dict(choices=("semiring",), routes=FORWARD), dict(choices=("reduction",), routes=LOSS))
+                            in_range={"lengths": (1, LENGTH)}, shapes={"hidden": (-1,), "lengths": (0,)}),
+                       dict(choices={"backend": "triton"}, routes=("semicrf.head.streaming.*", "semicrf.head.exact.*")),
+                       dict(choices={"semiring": "viterbi"}, routes=FORWARD),
+                       dict(choices={"reduction": "avg"}, shapes={"labels": (0, 1)}, routes=LOSS))
 LABELS = lambda c: c.kwargs["labels"]  # noqa: E731
 AT = lambda c: torch.arange(LABELS(c).shape[1], device=c.device).expand_as(LABELS(c))  # noqa: E731  (positions)
 BAD_INPUTS = (
-    ("hidden", "wrong number of features", lambda c: c.kwargs["hidden"][..., :-1]),
     ("backend", "'streaming' for a semiring it lacks", "streaming",
      tuple(r for r in FORWARD if r.rsplit(".", 1)[1] not in ("log", "max") and ".exact." in r)),
     ("labels", "a float tensor", lambda c: LABELS(c).double(), LOSS),
-    ("labels", "shape (B, T+1)", lambda c: torch.cat([LABELS(c), LABELS(c)[:, :1]], 1), LOSS),
     ("labels", "a label C", lambda c: torch.full_like(LABELS(c), c.problem.C), LOSS),
     ("starts", "no start at 0", lambda c: torch.zeros_like(LABELS(c), dtype=torch.bool), LOSS),
     ("starts", "an int64 tensor", lambda c: torch.ones_like(LABELS(c)), LOSS),
