@@ -257,7 +257,6 @@ def _adjoint(reduce, grad_output, x, offsets, ids, use_triton) -> torch.Tensor:
     sized = ids is not None and isinstance(grad_output, torch.Tensor) and grad_output.dim()
     num_segments = grad_output.shape[0] if sized else None  # the ids form takes S from grad_output
     if ids is not None and num_segments is None:  # grad_output is not a tensor: the full path names the error
-        # verify: unreached (grad_output not a tensor, ids form: tests/test_segment.py::test_adjoint_bad_grad_output)
         return ADJOINT.uncached(x, reduce, offsets, ids, None, 0.0, use_triton, grad_output)
     return ADJOINT(x, reduce, offsets, ids, num_segments, 0.0, use_triton, grad_output)
 
