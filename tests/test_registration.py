@@ -124,17 +124,22 @@ def test_what_is_not_a_registration_is_refused(package):
 
 
 def test_an_invariant_is_stated_by_its_tests_docstring(package):
-    """Each invariant is a test's node id; its text is the first paragraph of that test's docstring, a test
-    without one is refused, and a missing test keeps its node id (the trace check then names it)."""
+    """Each invariant is a test's node id (or a test named under its file); its text is the first paragraph of that
+    test's docstring, a test without one is refused, and a missing test keeps its node id (the trace check then
+    names it)."""
     here = "tests/test_registration.py"
     family = registration.family_of(package(f"INVARIANTS = ('{here}::test_an_invariant_is_stated_by_its_tests_"
                                             f"docstring', '{here}::test_no_such_test')\n"))
     assert [(i.text, i.test) for i in family.invariants] == [
-        ("Each invariant is a test's node id; its text is the first paragraph of that test's docstring, a test "
-         "without one is refused, and a missing test keeps its node id (the trace check then names it).",
+        ("Each invariant is a test's node id (or a test named under its file); its text is the first paragraph of that "
+         "test's docstring, a test without one is refused, and a missing test keeps its node id (the trace check then "
+         "names it).",
          f"{here}::test_an_invariant_is_stated_by_its_tests_docstring"),
         (f"{here}::test_no_such_test", f"{here}::test_no_such_test")]
     assert family.missing_tests() == [f"{here}::test_no_such_test"]
+    by_file = registration.family_of(package(f"INVARIANTS = {{'{here}': ('test_an_invariant_is_stated_by_its_tests_"
+                                             f"docstring', 'test_no_such_test')}}\n"))
+    assert [(i.text, i.test) for i in by_file.invariants] == [(i.text, i.test) for i in family.invariants]
     with pytest.raises(ValueError, match=f"the invariant test {here}::test_problem_keys_read_as_attributes has no "
                                          f"docstring"):
         registration.family_of(package(f"INVARIANTS = ('{here}::test_problem_keys_read_as_attributes',)\n"))
