@@ -219,13 +219,12 @@ def standard_bad_inputs(routes: tuple[str, ...], tensors: Sequence[str] = (), *,
                  (name, "a float", lambda x, c, v=float(least + 1): v), (name, "a bool", lambda x, c: True)]
     for name in flags:
         made += [(name, "an int", lambda x, c: 1), (name, "a string", lambda x, c: "yes")]
-    near_misses = choices.items() if isinstance(choices, Mapping) else ((name, None) for name in choices)
+    misses = choices if isinstance(choices, Mapping) else dict.fromkeys(choices)  # None: a generic wrong name
     made += [(name, f"{miss!r}, not an option" if miss else "a name of no option",
-              lambda x, c, v=miss or "no such option": v) for name, miss in near_misses]
+              lambda x, c, v=miss or "no such option": v) for name, miss in misses.items()]
     made += [(name, f"one longer along dim {d}", lambda x, c, d=d: _longer(x.detach(), d))
              for name, dims in (shapes or {}).items() for d in dims]
-    changes_tensor = set(tensors) | set(other_device) | set(rejects_nan) | set(rejects_inf) | set(in_range or ()) | set(
-        shapes or ())
+    changes_tensor = set().union(tensors, other_device, rejects_nan, rejects_inf, in_range or (), shapes or ())
 
     def bad(name: str, what: str, fn: Callable[[Any, Case], Any]) -> BadInput:
         def make(case: Case) -> Case:

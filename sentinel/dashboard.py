@@ -116,8 +116,8 @@ def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool,
     if not triton:
         return "n/a"
     ran = [(r, checks) for r in records if r["device"]["type"] == "cuda" and (checks := _tool_checks(r, route_id))]
-    current = [item for item in ran if is_current(item[0], blobs)]
-    stale = sorted((item for item in ran if not is_current(item[0], blobs)),
+    current = [(r, checks) for r, checks in ran if is_current(r, blobs)]
+    stale = sorted(((r, checks) for r, checks in ran if not is_current(r, blobs)),
                    key=lambda item: commit_time(item[0].get("commit", "")))
     chosen = current or stale[-1:]
     if not chosen:
@@ -131,7 +131,8 @@ def sanitizer(records: Sequence[Mapping[str, Any]], route_id: str, triton: bool,
     detail = f": {', '.join(failing)}" if failing else f" (not run: {', '.join(missing)})" if missing else ""
     if current:
         return SYMBOL[word] + detail
-    commit = chosen[0][0].get("commit", "")
+    record, _ = chosen[0]
+    commit = record.get("commit", "")
     return f"{SYMBOL['stale']} ({word}{detail})" + (f"<br>`{commit[:7]}`" if commit else "")
 
 

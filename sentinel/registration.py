@@ -11,9 +11,9 @@ Family-wide names, read from ``family.py``:
 - ``TOLERANCES``: ``{dtype: (atol, rtol)}``: the verified dtypes, in order, and the error allowed against the
   float64 reference (``|x - ref| <= atol + rtol * |ref|``).
 - ``INVARIANTS``: the tests that check the family's promises, as pytest node ids or ``{test file: test names}``,
-  each promise stated by the first paragraph of its test's docstring (one statement, in one place). ``GUARDS``: ``(text, function
-  where the guard is)`` pairs. ``KNOWN_ISSUES``: texts (shown unrated) or ``(text, severity, frequency,
-  resolution[, commit that resolved it])``.
+  each promise stated by the first paragraph of its test's docstring (one statement, in one place).
+  ``GUARDS``: ``(text, function where the guard is)`` pairs. ``KNOWN_ISSUES``: texts (shown unrated) or ``(text,
+  severity, frequency, resolution[, commit that resolved it])``.
 - ``FAILURE_MODES``: ``{symptom: (page to read first, second page, what covers it[, routes])}`` (pages relative to
   ``traces/``); the verify checks that show each symptom are sentinel's (``family.SYMPTOMS``), and "wrong route
   taken" leads to the family's decision tree unless declared.
