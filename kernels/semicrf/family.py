@@ -110,6 +110,14 @@ def example(pick: Any, K: int = 0, projections: Any = None) -> dict:
                 proj_end=proj[1])
 
 
+def small_example(pick: Any, **model: Any) -> dict:
+    """The parts' problems (enumerated by their references): B <= 2, T <= 4, K <= 3, C <= 2, any lengths, and
+    ``model``."""
+    B, T = pick(range(1, 3)), pick(range(1, 5))
+    return dict(B=B, T=T, K=pick(range(1, 4)), C=pick(range(1, 3)),
+                lengths=tuple(pick(range(1, T + 1)) for _ in range(B)), **model)
+
+
 def viterbi_score(kw: dict, case: Any) -> dict:
     """The best score by the family's Viterbi entry point, as ``value``."""
     kwargs = {n: x.detach() if torch.is_tensor(x) else x for n, x in case.kwargs.items() if n != "semiring"}
@@ -216,10 +224,11 @@ ADVERSARIAL = (
     ("NaN input", {"cum_scores": lambda x: x.index_fill(1, torch.tensor([1]), math.nan)}, None, {"errors_ok": True}))
 
 LENGTH = lambda c: c.problem.T  # noqa: E731  (the longest length allowed)
+SHAPES = {"transition": (0, -1), "duration_bias": (0, 1), "lengths": (0,), "proj_start": (0, 1, 2),
+          "proj_end": (0, 1, 2)}  # the dims that cum_scores, lengths and K fix
 STANDARD_BAD_INPUTS = (dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
                             rejects_nan=TENSORS, rejects_inf=TENSORS, in_range={"lengths": (1, LENGTH)},
-                            counts={"K": 1}, flags=("use_triton",), shapes={"transition": (0, -1), "duration_bias": (
-                                0, 1), "lengths": (0,), "proj_start": (0, 1, 2), "proj_end": (0, 1, 2)}),
+                            counts={"K": 1}, flags=("use_triton",), shapes=SHAPES),
                        dict(choices={"semiring": "viterbi"}, routes=("semicrf.*.log.*", "semicrf.*.max.*")))
 arg = lambda c, name: c.kwargs[name].detach()  # noqa: E731
 
@@ -236,6 +245,7 @@ BAD_INPUTS = (
     ("cum_scores", "C = 0", lambda c: arg(c, "cum_scores")[..., :0]),
     ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", lambda c: arg(c, "cum_scores") + 1),
     ("cum_scores", "NaN in the last row of the shortest sequence (padding past its length)", _nan_in_padding),
+    # where a case's transition is 2-D, SHAPES covers this; where it is 3-D, a 2-D one of the wrong size
     ("transition", "2-D of shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)))
 
 INVARIANTS = {"tests/test_verify.py": ("test_every_semicrf_route_passes_quick",), "tests/test_semicrf_reference.py": (

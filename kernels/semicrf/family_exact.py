@@ -15,7 +15,7 @@ from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE as TREE
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.family import ALL_LENGTHS_1, K_ABOVE_T, LENGTH, inputs
+from provable_kernels.semicrf.family import ALL_LENGTHS_1, K_ABOVE_T, LENGTH, inputs, small_example
 
 ROUTES, MARGINALS = "semicrf.exact.*", "semicrf.exact.marginals.*"
 LOGPARTITION = tuple(route.id for route, path in TREE.paths() if path[0][1] == "logpartition")
@@ -88,10 +88,8 @@ BATCH_ITEMS = tuple(("a sequence", routes, {"edge": 0, "lengths": 0, "marginals"
 
 
 def example(pick: Any) -> dict:
-    """B <= 2, T <= 4, K <= 3, C <= 2, any lengths."""
-    B, T = pick(range(1, 3)), pick(range(1, 5))
-    return dict(B=B, T=T, K=pick(range(1, 4)), C=pick(range(1, 3)),
-                lengths=tuple(pick(range(1, T + 1)) for _ in range(B)), **MODEL)
+    """``small_example`` of the edges' streaming parameters (:data:`MODEL`)."""
+    return small_example(pick, **MODEL)
 
 
 def positions_covered_once(check: Any, case: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from provable_kernels.semicrf import oracle
-from provable_kernels.semicrf.family import ALL_LENGTHS_1, LENGTH, decoded
+from provable_kernels.semicrf.family import ALL_LENGTHS_1, LENGTH, decoded, small_example
 from provable_kernels.semicrf.head import HEAD_TREE as TREE
 from provable_kernels.semicrf.head import SemiMarkovCRFHead
 
@@ -140,10 +140,8 @@ BATCH_ITEMS = tuple(("a sequence", routes, {**dict.fromkeys(PER_SEQUENCE, 0), "v
 
 
 def example(pick: Any) -> dict:
-    """B <= 2, T <= 4, K <= 3, C <= 2, any lengths, 2-D or 3-D transition."""
-    B, T = pick(range(1, 3)), pick(range(1, 5))
-    return dict(B=B, T=T, K=pick(range(1, 4)), C=pick(range(1, 3)),
-                lengths=tuple(pick(range(1, T + 1)) for _ in range(B)), duration_transition=pick((False, True)))
+    """``small_example`` with a 2-D or 3-D transition."""
+    return small_example(pick, duration_transition=pick((False, True)))
 
 
 def decodes_a_best_path(check: Any, case: Any) -> None:
