@@ -12,7 +12,7 @@ without it, so they do not prove it right.
 
 Each kernel-less run happens in a child process (forked on the CPU, spawned on a GPU): a later kernel that reads
 the missing kernel's poisoned indices may read or write any address (the interpreter reads raw memory; a GPU
-context would be lost), and none of that may touch the verifying process. A run still going after
+context would be lost), and none of that may touch the verifying process or its output. A run still going after
 :data:`TIME_LIMIT` seconds (e.g. a loop bounded by a poisoned count) is killed and counts as noticed: the
 verification would not finish.
 
@@ -27,7 +27,10 @@ import contextlib
 import faulthandler
 import functools
 import multiprocessing
+import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -108,8 +111,11 @@ def _spawned_run(family_name: str, route_id: str, size: str, dtype: str, device:
     return kernelless_run(family, case, family.reference(case), tolerance, kernel)
 
 
-def _child(conn: Any, job: Callable[[], tuple[bool, str]]) -> None:
+def _child(conn: Any, job: Callable[[], tuple[bool, str]], output: str) -> None:
     faulthandler.disable()  # a crash's stack dump is not the verifier's output (the exit code is reported)
+    with open(output, "wb") as sink:  # nor is what the child prints (a lost CUDA context's "terminate called ...")
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
     try:
         conn.send(job())
     except BaseException as exc:  # what the job could not handle: the kernel-less run failed
@@ -120,10 +126,13 @@ def _child(conn: Any, job: Callable[[], tuple[bool, str]]) -> None:
 def in_child(job: Callable[[], tuple[bool, Any]], context: str, limit: float = TIME_LIMIT) -> tuple[bool, Any]:
     """``job()`` in a child process of the multiprocessing ``context`` (``fork``: ``job`` may be any callable;
     ``spawn``: a picklable one). A child that raises, dies or runs past ``limit`` seconds gives ``(True, what
-    happened)``: noticed (a kernel-less run), or raised (a device-mode run)."""
+    happened)``: noticed (a kernel-less run), or raised (a device-mode run). What the child prints goes to a
+    temporary file, not to the verifier's output; a child that died is reported with its last line."""
     ctx = multiprocessing.get_context(context)
     receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child, args=(send, job), daemon=True)
+    handle, output = tempfile.mkstemp(prefix="sentinel-child-", suffix=".log")
+    os.close(handle)
+    process = ctx.Process(target=_child, args=(send, job, output), daemon=True)
     start = time.perf_counter()
     process.start()
     send.close()
@@ -139,7 +148,10 @@ def in_child(job: Callable[[], tuple[bool, Any]], context: str, limit: float = T
             process.kill()
         process.join()
         receive.close()
-    return True, f"the process died (exit code {process.exitcode})"
+        lines = Path(output).read_bytes().decode(errors="replace").strip().splitlines()
+        os.remove(output)
+    last = f": {lines[-1].strip()[:160]}" if lines else ""
+    return True, f"the process died (exit code {process.exitcode}{last})"
 
 
 def observe(family: Family, case: Case, *, size: str, dtype: torch.dtype, seed: int) -> Verdict:
