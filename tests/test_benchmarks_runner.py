@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib
 import importlib.util
 import json
 import sys
@@ -26,14 +25,6 @@ from benchmarks.common import blob_id  # noqa: E402
 from benchmarks.runner import Runner, grid, read_rows  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-def require_family(module: str) -> None:
-    """Skip only when the family's package does not exist yet (ImportError); any other failure fails."""
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        pytest.skip(f"{module} is not importable yet ({exc}): its runner test waits for the family")
 
 
 def run(adapter, impls, configs, out: Path, phases=adapters.PHASES, **kw) -> list[dict]:
@@ -79,7 +70,6 @@ def test_semicrf_tiny_grid_interpreter_and_torch_routes(tmp_path):
 
 
 def test_sinkhorn_tiny_grid(tmp_path, monkeypatch):
-    require_family("provable_kernels.sinkhorn")
     adapter = adapters.load("sinkhorn")
     configs = grid(adapter, {"B": [2], "n": [3], "iters": [2], "domain": ["log", "prob"]})
     rows = run(adapter, ["ours", "naive"], configs, tmp_path / "interpreter")
@@ -91,7 +81,6 @@ def test_sinkhorn_tiny_grid(tmp_path, monkeypatch):
 
 
 def test_segment_tiny_grid(tmp_path, monkeypatch):
-    require_family("provable_kernels.segment")
     adapter = adapters.load("segment")
     impls = ["ours", "torch-offsets", "torch-lengths", "scatter-reduce"]
     configs = grid(adapter, {"N": [40], "D": [3], "S": [5], "dist": ["powerlaw"], "reduce": ["sum", "max"]})

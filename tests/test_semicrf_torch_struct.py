@@ -7,6 +7,7 @@ compared with an enumeration of segmentations: ``provable_kernels.semicrf.oracle
 ``to_parts``/``score``) for torch-struct's.
 """
 import importlib.metadata
+import importlib.util
 import inspect
 import math
 from pathlib import Path
@@ -14,7 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-torch_struct = pytest.importorskip("torch_struct")
+if importlib.util.find_spec("torch_struct") is None:
+    pytest.fail("torch-struct is not installed: these tests need the bench extra (pip install -e '.[bench]')",
+                pytrace=False)
+import torch_struct  # noqa: E402
 
 from provable_kernels.semicrf import SemiMarkov, edges_from_streaming, oracle  # noqa: E402
 from provable_kernels.semicrf.semiring import Log, Max  # noqa: E402

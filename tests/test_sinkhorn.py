@@ -21,7 +21,9 @@ from provable_kernels.sinkhorn.oracle import sinkhorn_oracle
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: masked-off lanes divide by 0
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+# outputs and gradients against the float64 loop: the output's rounding (half a unit in the last place at 1: bfloat16
+# 2e-3, float16 5e-4) and a few units of float32's or float64's rounding over the iterations
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,8 +49,8 @@ def check(x: torch.Tensor, iters: int, domain: str, eps: float = 1e-6, use_trito
     assert out.dtype == x.dtype and out.shape == x.shape
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     torch.testing.assert_close(out.double(), ref.detach(), atol=tol, rtol=tol)
-    gtol = tol * max(1.0, float(x64.grad.abs().max()))
-    torch.testing.assert_close(x.grad.double(), x64.grad, atol=gtol * 10, rtol=tol * 10)
+    gtol = tol * max(1.0, float(x64.grad.abs().max()))  # the gradient's own scale
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=gtol, rtol=tol)
 
 
 @pytest.mark.parametrize("domain", ["log", "prob"])
