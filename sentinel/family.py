@@ -294,6 +294,19 @@ class Aliasing:
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """A kernel's block along one dimension of an argument, declared so that the fixed cases cross a block edge:
+    on the routes matching ``routes``, the cases of each size in ``sizes`` must have ``argument.shape[dim] >
+    block`` (two blocks or more), so a mask or loop between blocks runs without a lucky random example."""
+
+    routes: tuple[str, ...]
+    argument: str
+    dim: int
+    block: int
+    sizes: tuple[str, ...] = ("small",)
+
+
+@dataclass(frozen=True)
 class LayoutRejection:
     """A declared exception to the generic ``layouts`` check: on the routes matching ``routes``, tensor argument
     ``argument`` passed in layout ``layout`` (``transposed``, ``strided``, ``offset`` or ``expanded``) is rejected
@@ -396,6 +409,7 @@ class Family:
     more_trees: Sequence[Tree] = ()
     batch_items: Sequence[BatchItems] = ()
     root: Path = field(default_factory=project_root)  # the family's repository: its paths are relative to it
+    blocks: Sequence[Blocks] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]
@@ -438,6 +452,24 @@ class Family:
     def _inside_root(self, files: set[Path]) -> list[Path]:
         root = self.root.resolve()
         return sorted(p.relative_to(root) for p in files if p.is_relative_to(root))
+
+    def one_block_cases(self) -> list[str]:
+        """What the fixed cases leave inside one block (:class:`Blocks`): one line per route, size and argument
+        whose case does not reach a second block."""
+        found = []
+        for blocks in self.blocks:
+            for route in (r for r in self.routes() if matches(r.id, blocks.routes)):
+                for size in blocks.sizes:
+                    case = self.make_case(route.id, size=size, dtype=self.dtypes[0], device=torch.device("cpu"),
+                                          seed=0)
+                    x = case.kwargs.get(blocks.argument)
+                    if not isinstance(x, torch.Tensor):
+                        found.append(f"{route.id} ({size}): the case has no tensor {blocks.argument!r} (BLOCKS)")
+                    elif x.shape[blocks.dim] <= blocks.block:
+                        found.append(f"{route.id} ({size}): {blocks.argument}.shape[{blocks.dim}] = "
+                                     f"{x.shape[blocks.dim]} fits in one block of {blocks.block}: make SIZES[{size!r}] "
+                                     f"span two blocks, so that the edge between them runs")
+        return found
 
     def missing_tests(self) -> list[str]:
         """Node ids of declared invariants whose test does not exist (paths relative to ``root``)."""

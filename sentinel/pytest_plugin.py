@@ -3,7 +3,8 @@
 Installed with kernel-sentinel as a pytest plug-in (entry point ``pytest11``); it does nothing without
 ``--sentinel``. With it, every (route, dtype, check) that ``sentinel verify`` would report for the selected families
 is one test item, named ``<route id>:<dtype>:<check>`` under a collector per family (``sentinel:<family>``), plus
-one item per family for its registration (it loads, its invariant tests exist). ``-k``, ``-x``, ``--junitxml`` and
+one item per family for its registration (it loads, its invariant tests exist, its fixed cases span the blocks it
+declares). ``-k``, ``-x``, ``--junitxml`` and
 pytest-xdist work as for any test (``--dist loadgroup`` keeps a row's checks in one worker: each row is an
 ``xdist_group``). The items run the same machinery as ``sentinel verify`` (:func:`kernel_sentinel.rows.verify_route`
 with the checks selected in this session, once per row and process), so results and exit codes agree with
@@ -79,6 +80,9 @@ class Registration(pytest.Item):
         missing = parent.family.missing_tests()
         if missing:
             raise SentinelFailure(f"invariant tests do not exist in {parent.family.root}: {', '.join(missing)}")
+        one_block = parent.family.one_block_cases()
+        if one_block:
+            raise SentinelFailure("fixed cases inside one block: " + "; ".join(one_block))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         return str(excinfo.value) if excinfo.errisinstance(SentinelFailure) else super().repr_failure(excinfo)

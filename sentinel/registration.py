@@ -20,7 +20,7 @@ import torch
 
 from kernel_sentinel import cases, schema
 from kernel_sentinel.checks import expect, expect_close, run_route
-from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Case, Family, FailureMode,
+from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Blocks, Case, Family, FailureMode,
                                     Guard, Invariant, KnownIssue, LayoutRejection, Oracle, Outputs, Problem, Property,
                                     Tolerance, node_exists, project_root, statement_of)
 
@@ -347,5 +347,7 @@ def family_of(module: ModuleType, root: Optional[Path] = None) -> Family:
                   for output, argument, routes, why in getattr(module, "ALIASING", ())],
         rejected_layouts=[LayoutRejection(argument, layout, _globs(routes), why)
                           for argument, layout, routes, why in getattr(module, "REJECTED_LAYOUTS", ())],
+        blocks=[Blocks(_globs(routes), argument, dim, block, tuple(sizes[0]) if sizes else ("small",))
+                for routes, argument, dim, block, *sizes in getattr(module, "BLOCKS", ())],
         root=root, **fields)
 

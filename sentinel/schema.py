@@ -98,6 +98,9 @@ FAMILY_NAMES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "REJECTED_LAYOUTS": ("(argument, layout, routes, why) tuples",
                          _sequence_of(_tuple_of(_text, _text, _globs, _text))),
     "PARTS": ("module names of the package", _sequence_of(_text)),
+    "BLOCKS": ("(routes, argument, dim, block[, sizes]) tuples",
+               _sequence_of(_tuple_of(_globs, _text, lambda d: isinstance(d, int), lambda b: isinstance(b, int),
+                                      _sequence_of(_text), optional=1))),
 }
 PART_NAMES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "TREE": ("a provable_kernels.dispatch.Tree", _tree),

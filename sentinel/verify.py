@@ -276,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
     problems = [f"{b.name}: the family failed to load ({b.where}): {b.error}" for b in broken]
     problems += [f"{f.name}: invariant test {t} does not exist in {f.root}" for f in families
                  for t in f.missing_tests()]
+    problems += [f"{f.name}: {line}" for f in families for line in f.one_block_cases()]
     reached = None
     if measurement is not None:
         measurement.stop()

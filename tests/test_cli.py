@@ -129,6 +129,15 @@ def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
     assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
 
 
+def test_fixed_cases_inside_one_declared_block_fail(monkeypatch, toy_family, capsys):
+    from kernel_sentinel.family import Blocks
+
+    narrow = toy_family(blocks=(Blocks(("toy.slow",), "x", -1, 1024),))
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([narrow], []))
+    assert verify("--route", "toy.slow") == 1
+    assert "toy.slow (small): x.shape[-1] = " in capsys.readouterr().out
+
+
 def test_routes_prints_trees_and_json(capsys):
     assert main(["routes"]) == 0
     out = capsys.readouterr().out

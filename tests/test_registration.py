@@ -301,3 +301,15 @@ def test_the_schema_page_documents_every_schema_name_and_no_other():
     assert {n for n in names if f"`{n}`" not in page and f"`{n}(" not in page} == set()
     declared = set(re.findall(r"^- `([A-Z_]+)`", page, flags=re.M)) | set(re.findall(r"\. `([A-Z_]+)`:", page))
     assert declared and declared <= names
+
+
+def test_declared_blocks_make_the_fixed_cases_cross_a_block_edge(package):
+    """A registration declaring that a kernel tiles an argument in blocks (``BLOCKS``) has fixed cases that reach a
+    second block; a size inside one block is reported with the route, the size and the argument."""
+    inside = registration.family_of(package("BLOCKS = (('toy.*', 'x', 1, 8),)\n"))  # small: n = 8 columns
+    assert inside.one_block_cases() == [
+        f"toy.{r} (small): x.shape[1] = 8 fits in one block of 8: make SIZES['small'] span two blocks, so that the "
+        f"edge between them runs" for r in ("fast", "slow")]
+    assert registration.family_of(package("BLOCKS = (('toy.slow', 'x', 1, 4, ('small',)),)\n")).one_block_cases() == []
+    both = registration.family_of(package("BLOCKS = (('toy.slow', 'x', -1, 4, ('small', 'tiny')),)\n"))
+    assert [line.split(":")[0] for line in both.one_block_cases()] == ["toy.slow (tiny)"]
