@@ -50,7 +50,8 @@ failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
-``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`); the results are
+``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`; ``--jobs 0``: this
+process); a worker that crashes (compiled code the kernel under test calls) fails its unit alone; the results are
 those of one process, in the same order. ``--devices all`` (or ``cuda:0,cuda:1,...``) spreads them over those
 GPUs: each worker is pinned to one GPU (``ceil(J / N)`` workers per GPU, at least one), units go to whichever
 worker is free, and the end of the run prints each GPU's share (units, busy seconds), also in the JSON report
@@ -158,17 +159,21 @@ def _jobs(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return _positive(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0, a positive integer or auto, got {text!r}")
+    return value
 
 
 def resolve_jobs(jobs: int | str, units: int) -> int:
     """The worker processes for ``--jobs`` over ``units`` units of work (:func:`kernel_sentinel.workers.unit_count`:
     a row's properties one by one, and its other checks): ``auto`` is one per usable CPU (at most
-    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units, else 1
-    (starting a process costs seconds: a little work runs faster in this one). ``--devices`` then rounds it up to
-    a multiple of the GPU count (:func:`kernel_sentinel.workers.slots`)."""
+    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units, else 1 (starting a process costs
+    seconds); 0 runs in this process (no worker: a crash of the kernel's compiled code then ends the run; for a
+    debugger, or a family built in this process). ``--devices`` then rounds it up to a multiple of the GPU count
+    (:func:`kernel_sentinel.workers.slots`)."""
     if jobs != "auto":
         return int(jobs)
     if units < AUTO_MIN_UNITS:
@@ -208,7 +213,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
                         f"compilation, which runs in parallel across processes; --coverage is measured in each). "
                         f"Default auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
-                        f"(a row's properties one by one, and its other checks), else 1")
+                        f"(a row's properties one by one, and its other checks), else 1. A worker that crashes fails "
+                        f"the unit it ran alone. 0: in this process (no worker; for a debugger)")
     p.add_argument("--devices", metavar="LIST",
                    help="spread the work over these GPUs: all, or a comma-separated list such as cuda:0,cuda:1 (one "
                         "worker process per GPU, ceil(J / N) with --jobs J; each pinned to its GPU); prints each "
@@ -264,9 +270,10 @@ def run(args: argparse.Namespace) -> int:
     commit = records.head_commit()
     start = time.perf_counter()
     units = workers.unit_count(selected, options)
-    pinned = workers.slots(resolve_jobs(args.jobs, units), gpus, units)
+    jobs = resolve_jobs(args.jobs, units)
+    pinned = workers.slots(max(1, jobs), gpus, units)
     shares = workers.shares(pinned)
-    if len(pinned) > 1:
+    if jobs:
         results = workers.verify_in_processes(selected, options, pinned, shares, measurement)
     else:
         results = workers.verify_here(selected, options, pinned[0], shares)

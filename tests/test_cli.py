@@ -27,7 +27,7 @@ def only_toy(monkeypatch, toy_family):
 
 
 def verify(*args: str) -> int:
-    return main(["verify", "--device", DEVICE, "--examples", "2", *args])
+    return main(["verify", "--device", DEVICE, "--examples", "2", "--jobs", "0", *args])
 
 
 def test_passing_route_exits_0_and_writes_json_and_junit(only_toy, tmp_path, capsys):
@@ -106,7 +106,7 @@ def test_cuda_without_gpu_is_a_usage_error(only_toy, monkeypatch, capsys):
 
 def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
-    assert main(["verify", "--device", DEVICE, "--record"]) == 1  # toy.fast fails; the record says so
+    assert main(["verify", "--device", DEVICE, "--record", "--jobs", "0"]) == 1  # toy.fast fails; the record says so
     record = records.load_record(tmp_path / f"toy-{records.device_slug(INFO)}.json")
     assert record["family"] == "toy" and record["device"] == INFO
     assert [r["status"] for r in record["routes"]] == ["fail", "pass"]
@@ -116,7 +116,7 @@ def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
 @pytest.mark.parametrize("weaker", [["--quick"], ["--examples", "2"]])
 def test_record_refuses_a_weaker_run(only_toy, tmp_path, monkeypatch, weaker):
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
-    assert main(["verify", "--device", DEVICE, "--record", *weaker]) == 2
+    assert main(["verify", "--device", DEVICE, "--record", "--jobs", "0", *weaker]) == 2
     assert not list(tmp_path.iterdir())
 
 
@@ -189,7 +189,7 @@ def test_a_record_made_in_parts_joins_rows_of_the_same_sources(only_toy, toy_fam
     path = records.record_path("toy", INFO)
 
     def record_verify(route: str) -> int:
-        return main(["verify", "--device", DEVICE, "--record", "--route", route])
+        return main(["verify", "--device", DEVICE, "--record", "--jobs", "0", "--route", route])
 
     def rows() -> list[tuple[str, str]]:
         return [(r["id"], r["status"]) for r in records.load_record(path)["routes"]]
