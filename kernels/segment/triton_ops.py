@@ -125,6 +125,19 @@ EPOCH_LIMIT = 2**31 - 1
 PARTIALS, FLAGS = "segment.partials", "segment.flags"  # the forward's kept workspaces
 
 
+def restart_epochs(calls_made: int) -> None:
+    """Number the next forward launches as if ``calls_made`` (an int >= 0) had run before them in this process: the
+    next call's epoch is ``calls_made % EPOCH_LIMIT + 1`` (:func:`scratch`; ``EPOCH_LIMIT`` makes the next call the
+    one at the wrap, which drops the kept flags). For verifying the wrap; the epochs otherwise count from the
+    process's first call."""
+    global _EPOCHS
+    if isinstance(calls_made, bool) or not isinstance(calls_made, int):
+        raise TypeError(f"calls_made must be an int, got {type(calls_made).__name__}")
+    if calls_made < 0:
+        raise ValueError(f"calls_made must be >= 0, got {calls_made}")
+    _EPOCHS = itertools.count(calls_made)
+
+
 def scratch(workspaces: alloc.Workspaces) -> tuple[Tensor, Tensor, int]:
     """``(workspace, flags, epoch)`` for one forward launch: the plan's :class:`provable_kernels.alloc.Workspaces`
     (an int32 workspace, scratch, and int32 flags, state that is zeros when new, kept per device and stream) and
