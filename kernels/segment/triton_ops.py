@@ -15,7 +15,7 @@ and launches; the public call's direct runners (``dispatch``) hold their plan.
 Launches per call: forward 1 in either index form (with ids the chunk kernel finds the offsets itself and writes
 them; a long segment is finished by its last chunk's program), backward 1. No torch op runs on the device: the value
 checks are inside the kernels (``triton_segment`` module doc), ``empty`` reaches the kernel as two float32 halves,
-there is no chunk table (a long chunk's program finds its segment by a binary search, or by its row's id) and the
+there is no chunk table (a long chunk's program finds its segment by a FAN-ary search, or by its row's id) and the
 long chunks' workspace and flags are kept between calls (:func:`scratch`): no allocation but the outputs.
 
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
