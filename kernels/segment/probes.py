@@ -22,7 +22,7 @@ def chunk_rows_of(lengths: list[int], min_chunk: int, doublings: int, target: in
                   device: torch.device) -> list[int]:
     """``triton_segment.chunk_rows`` of each of ``lengths`` (segment rows, ints >= 0) with the given sizes, run in
     one program on ``device``."""
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lengths):
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lengths):  # verify: unreached (tests)
         raise ValueError(f"lengths must be ints >= 0, got {list(lengths)}")
     K = triton.next_power_of_2(max(len(lengths), 1))
     n = torch.tensor(list(lengths) + [0] * (K - len(lengths)), dtype=torch.int32, device=device)

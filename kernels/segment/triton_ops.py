@@ -131,9 +131,9 @@ def restart_epochs(calls_made: int) -> None:
     one at the wrap, which drops the kept flags). For verifying the wrap; the epochs otherwise count from the
     process's first call."""
     global _EPOCHS
-    if isinstance(calls_made, bool) or not isinstance(calls_made, int):
+    if isinstance(calls_made, bool) or not isinstance(calls_made, int):  # verify: unreached (tests/test_segment.py)
         raise TypeError(f"calls_made must be an int, got {type(calls_made).__name__}")
-    if calls_made < 0:
+    if calls_made < 0:  # verify: unreached (tests/test_segment.py)
         raise ValueError(f"calls_made must be >= 0, got {calls_made}")
     _EPOCHS = itertools.count(calls_made)
 
