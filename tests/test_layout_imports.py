@@ -129,6 +129,17 @@ LAYERS = {**layout.IMPORT_NAMES, "benchmarks": "benchmarks"}  # folder -> import
 NEVER = {"kernels": ("hypothesis",)}
 
 
+def absolute_imports(path: Path) -> set[str]:
+    """The absolute module names ``path`` imports anywhere (``from a import b``: ``a``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names
+
+
 def upward_imports(repo: Path) -> list[str]:
     """Every import in ``repo``'s ``kernels/``, ``sentinel/`` and ``benchmarks/`` (module top and inside functions)
     of a folder above the importing one, or of a module its folder must never import, as ``path: name``."""
@@ -136,10 +147,8 @@ def upward_imports(repo: Path) -> list[str]:
     for level, folder in enumerate(LAYERS):
         banned = {*list(LAYERS.values())[level + 1:], *NEVER.get(folder, ())}
         for path in sorted((repo / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-                found += [f"{path.relative_to(repo)}: {n}" for n in names if n.split(".")[0] in banned]
+            found += [f"{path.relative_to(repo)}: {n}" for n in sorted(absolute_imports(path))
+                      if n.split(".")[0] in banned]
     return found
 
 
@@ -365,20 +374,9 @@ def test_a_layering_break_is_found():
         "provable_kernels.foo.triton_kernels -> provable_kernels.foo.call"]
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    """The absolute module names ``path`` imports anywhere (``from a import b``: ``a``)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names.add(node.module)
-    return names
-
-
 def test_oracles_import_only_torch_and_the_standard_library():
     for family in FAMILIES:
-        imported = _top_level_imports(family / "oracle.py")
+        imported = absolute_imports(family / "oracle.py")
         assert {n for n in imported if n.split(".")[0] not in sys.stdlib_module_names | {"torch"}} == set(), family
 
 
@@ -393,7 +391,7 @@ def test_kernel_modules_hold_jit_functions_and_their_constants_only():
                 getattr(n, "decorator_list", []))]
             assert plain == [], f"{path.name}: not @triton.jit: {plain}"
             allowed = {"__future__", "triton", "triton.language", "provable_kernels.triton_math"}
-            others = {n for n in _top_level_imports(path) if n not in allowed and not (
+            others = {n for n in absolute_imports(path) if n not in allowed and not (
                 n.startswith(f"provable_kernels.{family.name}.triton_") and _kind(n.rpartition(".")[2]) == "kernels")}
             assert others == set(), f"{path.name} imports {others}"
 
