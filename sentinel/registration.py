@@ -83,6 +83,7 @@ and a :class:`Checker` (``run``, ``forward``, ``reference``, ``computed``, ``cas
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -92,7 +93,7 @@ from kernel_sentinel import cases
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Case, Family, FailureMode,
                                     Guard, Invariant, KnownIssue, LayoutRejection, Oracle, Outputs, Problem, Property,
-                                    Tolerance, node_exists, statement_of)
+                                    Tolerance, node_exists, project_root, statement_of)
 
 SEED_RANGE = range(2**16 + 1)  # the seed each example draws
 
@@ -352,11 +353,12 @@ def _failure_modes(name: str, declared: Mapping[str, Sequence[Any]]) -> list[Fai
     return modes
 
 
-def _invariant(family: str, test: str) -> Invariant:
-    """The invariant that the test ``test`` (a pytest node id) checks, stated by its docstring's first paragraph; a
-    test that does not exist keeps its node id as the text (the trace check names it missing)."""
-    text = statement_of(test)
-    if text is None and node_exists(test):
+def _invariant(family: str, test: str, root: Path) -> Invariant:
+    """The invariant that the test ``test`` (a pytest node id relative to ``root``) checks, stated by its
+    docstring's first paragraph; a test that does not exist keeps its node id as the text (the trace check names it
+    missing)."""
+    text = statement_of(test, root)
+    if text is None and node_exists(test, root):
         raise ValueError(f"family {family!r}: the invariant test {test} has no docstring; its first paragraph states "
                          f"the invariant the test checks")
     return Invariant(text or test, test)
@@ -369,9 +371,10 @@ def _node_ids(tests: Any) -> list[str]:
     return list(tests)
 
 
-def family_of(module: ModuleType) -> Family:
-    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``);
-    ``TypeError`` when it is not one."""
+def family_of(module: ModuleType, root: Optional[Path] = None) -> Family:
+    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``),
+    whose repository is ``root`` (default :func:`~kernel_sentinel.family.project_root`); ``TypeError`` when it is
+    not one."""
     if not isinstance(module, ModuleType):
         raise TypeError(f"module must be a module, got {type(module).__name__}")
     missing = [n for n in ("TREE", "ENTRY_POINTS", "TOLERANCES", "SIZES", "case", "reference") if not hasattr(module, n)]
@@ -380,6 +383,7 @@ def family_of(module: ModuleType) -> Family:
                         f"(see kernel_sentinel.registration)")
     package = importlib.import_module(module.__name__.rpartition(".")[0])
     name = package.__name__.rpartition(".")[2]
+    root = (root or project_root()).resolve()
     tolerances = {dtype: Tolerance(*pair) for dtype, pair in module.TOLERANCES.items()}
     more = [importlib.import_module(f"{package.__name__}.{part}") for part in getattr(module, "PARTS", ())]
     parts = [Part(m, tolerances) for m in (module, *more)]
@@ -407,7 +411,7 @@ def family_of(module: ModuleType) -> Family:
         make_case=make_case, run=lambda case: part_of(case.route_id).run(case),
         reference=lambda case: part_of(case.route_id).reference(case),
         tolerances=tolerances, dtypes=tuple(tolerances),
-        invariants=[_invariant(name, test) for test in _node_ids(getattr(module, "INVARIANTS", ()))],
+        invariants=[_invariant(name, test, root) for test in _node_ids(getattr(module, "INVARIANTS", ()))],
         guards=[Guard(*g) for g in getattr(module, "GUARDS", ())],
         known_issues=[issue(i) for i in getattr(module, "KNOWN_ISSUES", ())],
         failure_modes=_failure_modes(name, getattr(module, "FAILURE_MODES", {})),
@@ -415,5 +419,5 @@ def family_of(module: ModuleType) -> Family:
                   for output, argument, routes, why in getattr(module, "ALIASING", ())],
         rejected_layouts=[LayoutRejection(argument, layout, _globs(routes), why)
                           for argument, layout, routes, why in getattr(module, "REJECTED_LAYOUTS", ())],
-        **fields)
+        root=root, **fields)
 

@@ -86,7 +86,7 @@ from typing import Sequence
 import torch
 
 from kernel_sentinel import console, report, sanitize, workers
-from kernel_sentinel.family import REPO_ROOT, Family, matches
+from kernel_sentinel.family import Family, matches, rooted
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.records import CheckResult, RouteResult
 from kernel_sentinel.rows import DEFAULT_EXAMPLES, QUICK_EXAMPLES, Options, dtype_name
@@ -183,7 +183,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify", help="run every dispatch route and cross-check it",
         description=__doc__.split("\n\n")[0] + " Exit 0 when every selected route ran and passed, 1 on any "
         "failure (also when no route ran), 2 on usage errors (unknown family, a --route glob matching no route).")
-    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: all)")
+    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: those of the "
+                   "current directory's repository, or every family when none lives there)")
     p.add_argument("--route", nargs="+", action="extend", metavar="GLOB",
                    help="only routes whose id matches one of these fnmatch globs, e.g. 'semicrf.torch.*'")
     p.add_argument("--dtype", nargs="+", action="extend", type=parse_dtype, metavar="DTYPE",
@@ -240,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     if measurement is not None:
         measurement.start()  # before the families are imported: what runs at import counts too
     try:
-        families = registry.select(args.family)
+        families, broken = registry.select_with_broken(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
     globs, dtypes = args.route or [], args.dtype or []
@@ -256,8 +257,11 @@ def run(args: argparse.Namespace) -> int:
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus)
 
-    commit = records.head_commit()  # taken at the start: the sources the run runs, not HEAD at its end
-    sources = {family.name: records.blob_ids(family.source_files()) for family in families}
+    stamps = {}  # taken at the start: the sources the run runs, not HEAD at its end; in each family's repository
+    for family in families:
+        with rooted(family.root):
+            stamps[family.name] = (records.head_commit(), records.blob_ids(family.source_files()))
+    commit = records.head_commit()
     start = time.perf_counter()
     units = workers.unit_count(selected, options)
     pinned = workers.slots(resolve_jobs(args.jobs, units), gpus, units)
@@ -269,7 +273,9 @@ def run(args: argparse.Namespace) -> int:
     if args.sanitize:  # each check is a compute-sanitizer process: one per worker at a time, on the workers' GPUs
         results = workers.sanitize_on(results, lambda r, gpu: sanitized(r, options, gpu), pinned, shares)
     elapsed = time.perf_counter() - start
-    problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
+    problems = [f"{b.name}: the family failed to load ({b.where}): {b.error}" for b in broken]
+    problems += [f"{f.name}: invariant test {t} does not exist in {f.root}" for f in families
+                 for t in f.missing_tests()]
     reached = None
     if measurement is not None:
         measurement.stop()
@@ -291,13 +297,15 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         for family in families:
             ran = [r for r in results if r.family == family.name]
-            record = records.make_record(family, info, ran, (commit, sources[family.name]))
-            if reached is not None:
-                record["coverage"] = reached.for_family(family.name).as_dict()
-            if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources
-                order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
-                record = records.merge_record(record, order)
-            path = records.save_record(record)
-            console.err.print(f"recorded {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
+            with rooted(family.root):  # the record lives in the family's own repository
+                record = records.make_record(family, info, ran, stamps[family.name])
+                if reached is not None:
+                    record["coverage"] = reached.for_family(family.name).as_dict()
+                if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources
+                    order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
+                    record = records.merge_record(record, order)
+                path = records.save_record(record)
+            here = Path.cwd()
+            console.err.print(f"recorded {path.relative_to(here) if path.is_relative_to(here) else path}")
     ok = bool(results) and all(r.passed for r in results) and not problems
     return 0 if ok else 1

@@ -23,7 +23,7 @@ INFO = device.info(torch.device(DEVICE))
 
 @pytest.fixture
 def only_toy(monkeypatch, toy_family):
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [toy_family()])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([toy_family()], []))
 
 
 def verify(*args: str) -> int:
@@ -54,8 +54,8 @@ def test_failed_check_prints_its_failure_mode_next_to_the_repro(monkeypatch, toy
                            "the reference check", checks=("reference", "exact"), routes=("toy.fast",))
     unrelated = FailureMode("wrong route taken", "toy/index.md#dispatch-conditions", "toy/index.md",
                             "the route check", checks=("route",))
-    monkeypatch.setattr(registry, "families",
-                        lambda package="provable_kernels": [toy_family(failure_modes=(mismatch, unrelated))])
+    monkeypatch.setattr(registry, "discover",
+                        lambda package="provable_kernels": ([toy_family(failure_modes=(mismatch, unrelated))], []))
     assert verify("--family", "toy", "--route", "toy.fast") == 1
     lines = capsys.readouterr().out.splitlines()
     repro = next(i for i, line in enumerate(lines) if "reproduce:" in line)
@@ -89,7 +89,7 @@ def test_usage_errors_exit_2(only_toy, capsys):
 
 
 def test_no_route_run_is_a_failure(monkeypatch, capsys):
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([], []))
     assert verify() == 1
     assert "no route ran" in capsys.readouterr().out
 
@@ -124,7 +124,7 @@ def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
     from kernel_sentinel.family import Invariant
 
     broken = toy_family(invariants=(Invariant("sums", "tests/test_cli.py::test_does_not_exist"),))
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [broken])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([broken], []))
     assert verify("--route", "toy.slow") == 1
     assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
 
