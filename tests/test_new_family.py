@@ -86,9 +86,9 @@ def test_routes_verify_trace_and_gate_from_the_authors_repository(author):
     done = sentinel(repo, "gate", "--no-cpu-verify", "--json", str(gate), env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     steps = {(s["name"], s["family"]): s for s in json.loads(gate.read_text())["steps"]}
-    assert not steps["gpu-record", NAME]["passed"]
+    assert steps["gpu-record", NAME]["status"] == "fail"
     assert f"no GPU verification record of {NAME}" in steps["gpu-record", NAME]["detail"]
-    assert all(s["passed"] for key, s in steps.items() if key[0] != "gpu-record")
+    assert all(s["status"] == "pass" for key, s in steps.items() if key[0] != "gpu-record")
     assert not (REPO / "traces" / NAME).exists()
     assert not list((REPO / "traces" / "verification").glob(f"{NAME}-*"))
 
