@@ -18,8 +18,8 @@ from .dispatch import TREE, liger_sinkhorn
 
 ENTRY_POINTS = {"liger_sinkhorn": liger_sinkhorn}
 TOLERANCES = {torch.float32: (2e-5, 2e-5)}  # this repository's Sinkhorn float32 tolerance; Liger computes float32
-EPS = 1e-3
-ALL = "liger_mhc.*"
+_EPS = 1e-3
+_ALL = "liger_mhc.*"
 # A problem: tokens N, matrix size n, iterations. n = 4: mHC's four streams.
 SIZES = {"small": dict(tokens=6, n=4, iters=3), "tiny": dict(tokens=2, n=4, iters=2)}
 
@@ -28,7 +28,7 @@ def case(route_id, p, gen, device):
     """Logits N(0, 1) of (tokens, n, n); every case trains, weighted by ``upstream["out"]``."""
     size = (p.tokens, p.n, p.n)
     history = TREE.path_to(route_id)["backward"] == "history"
-    kwargs = {"x": torch.randn(size, generator=gen, dtype=torch.float64), "iters": p.iters, "eps": EPS,
+    kwargs = {"x": torch.randn(size, generator=gen, dtype=torch.float64), "iters": p.iters, "eps": _EPS,
               "keep_history": history}
     return "liger_sinkhorn", kwargs, {"out": torch.randn(size, generator=gen, dtype=torch.float64)}
 
@@ -78,9 +78,9 @@ def one_compilation(check, case):
 
 
 ORACLES = (("scaling form (float64)", "small", scaling_form),)
-PROPERTIES = (("adding a constant to a row leaves the output unchanged", ALL, row_shift),
-              ("a new token count compiles no new kernel", ALL, one_compilation))
-FINITE_DIFFERENCES = ALL
+PROPERTIES = (("adding a constant to a row leaves the output unchanged", _ALL, row_shift),
+              ("a new token count compiles no new kernel", _ALL, one_compilation))
+FINITE_DIFFERENCES = _ALL
 ADVERSARIAL = (
     ("n = 12 (not a power of two)", {"problem": {"n": 12}}, "reference"),
     ("n = 1", {"problem": {"n": 1}}, "reference"),
@@ -91,4 +91,4 @@ ADVERSARIAL = (
 STANDARD_BAD_INPUTS = dict(tensors=("x",), counts={"iters": 1})
 BAD_INPUTS = (("x", "not square", lambda c: c.kwargs["x"][..., :-1]),
               ("eps", "negative", -1.0))
-BATCH_ITEMS = (("a token", ALL, {"x": 0, "out": 0, "grad_x": 0}),)
+BATCH_ITEMS = (("a token", _ALL, {"x": 0, "out": 0, "grad_x": 0}),)

@@ -17,7 +17,7 @@ from .dispatch import TREE, segment_reduce
 
 ENTRY_POINTS = {"segment_reduce": segment_reduce}
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}
-EMPTY = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # PyTorch's value of an empty segment (no ``initial``)
+_EMPTY = {"sum": 0.0, "max": -math.inf, "min": math.inf}  # PyTorch's value of an empty segment (no ``initial``)
 # A problem: segment lengths (zeros: empty segments), columns, integer data in -2..2 (ties) or N(0, 1).
 SIZES = {"small": dict(lengths=(3, 0, 25, 1, 17, 0, 4), cols=3, integers=True),
          "tiny": dict(lengths=(3, 0, 4, 1), cols=2, integers=True)}
@@ -56,12 +56,12 @@ def reference(kw, case):
     reduce, bounds, weights = kw["reduce"], offsets(kw), case.upstream["value"].cpu()
     grad = oracle.segment_grad(kw["x"], reduce, bounds, weights) if reduce == "sum" else \
         split_grad(kw["x"], reduce, bounds, weights)
-    return {"value": oracle.segment_reduce(kw["x"], reduce, bounds, EMPTY[reduce]), "grad_x": grad}
+    return {"value": oracle.segment_reduce(kw["x"], reduce, bounds, _EMPTY[reduce]), "grad_x": grad}
 
 
 def dense(kw, case):
     """The same from the oracle's dense membership matrix (values only)."""
-    return {"value": oracle.dense_reduce(kw["x"], kw["reduce"], offsets(kw), EMPTY[kw["reduce"]])}
+    return {"value": oracle.dense_reduce(kw["x"], kw["reduce"], offsets(kw), _EMPTY[kw["reduce"]])}
 
 
 def example(pick):
@@ -88,18 +88,18 @@ def permutation(check, case):
     check.close("value after permuting rows", check.forward(moved)["value"], check.forward(case)["value"])
 
 
-ALL = "torch_segment.*"
+_ALL = "torch_segment.*"
 ORACLES = (("dense membership matrix", "small", dense),)
-PROPERTIES = (("ties: the gradient is split between tied rows, upstream +1 and -1", ALL, ties),
-              ("permuting rows within a segment leaves the value unchanged", ALL, permutation))
+PROPERTIES = (("ties: the gradient is split between tied rows, upstream +1 and -1", _ALL, ties),
+              ("permuting rows within a segment leaves the value unchanged", _ALL, permutation))
 FINITE_DIFFERENCES = "torch_segment.torch.sum"
-EMPTY_OK = {"allow_inf": ("value",)}  # the empty segments' -inf and +inf
+_EMPTY_OK = {"allow_inf": ("value",)}  # the empty segments' -inf and +inf
 ADVERSARIAL = (
-    ("N(0, 1) data (no ties)", {"problem": {"integers": False}}, "reference", EMPTY_OK),
-    ("every segment empty", {"problem": {"lengths": (0, 0)}}, "reference", EMPTY_OK),
+    ("N(0, 1) data (no ties)", {"problem": {"integers": False}}, "reference", _EMPTY_OK),
+    ("every segment empty", {"problem": {"lengths": (0, 0)}}, "reference", _EMPTY_OK),
 )
 STANDARD_BAD_INPUTS = dict(tensors=("x",))
 BAD_INPUTS = (("offsets", "decreasing", lambda c: c.kwargs["offsets"].flip(0)),
               ("offsets", "ending past the last row", lambda c: c.kwargs["offsets"] + 1),
               ("reduce", "an unknown reduction", "median"))
-BATCH_ITEMS = (("a segment", ALL, {"ragged": dict(rows=("x", "grad_x"), per_item=("value",))}),)
+BATCH_ITEMS = (("a segment", _ALL, {"ragged": dict(rows=("x", "grad_x"), per_item=("value",))}),)
