@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import keyword
-import subprocess
 from pathlib import Path
-from typing import Optional
 
 from kernel_sentinel import console
+from kernel_sentinel.family import repository_of
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "l2norm"
 PLACEHOLDER = TEMPLATE.name  # the template family's name, replaced by NAME in every file's name and text
@@ -35,12 +34,6 @@ def camel(name: str) -> str:
 
 class ScaffoldError(ValueError):
     """A usage error of ``sentinel new``: what is wrong and what to do."""
-
-
-def git_root(directory: Path) -> Optional[Path]:
-    """The top level of the git repository holding ``directory`` (None when it is in none)."""
-    done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=directory, capture_output=True, text=True)
-    return Path(done.stdout.strip()).resolve() if done.returncode == 0 else None
 
 
 def check_name(name: str) -> str:
@@ -70,7 +63,7 @@ def scaffold(name: str, directory: Path) -> list[Path]:
         raise ScaffoldError(f"{target} exists and is not empty: choose another NAME or DIR, or remove it")
     if not directory.is_dir():
         raise ScaffoldError(f"DIR {directory} is not a directory: create it first, or give an existing one")
-    root = git_root(directory)
+    root = repository_of(directory)
     if root is None:
         raise ScaffoldError(f"DIR {directory} is not inside a git repository (traces and records are stamped with "
                             f"its commits): run `git init` there first, or give a DIR inside one")
@@ -87,7 +80,7 @@ def scaffold(name: str, directory: Path) -> list[Path]:
 
 def next_steps(name: str, directory: Path) -> str:
     """The commands to run after :func:`scaffold`, from the repository's top level."""
-    root = git_root(directory)
+    root = repository_of(directory)
     search = Path(directory).resolve().relative_to(root).as_posix() if root else str(directory)
     package = f"{search}/{name}".removeprefix("./")
     steps = [
