@@ -548,7 +548,9 @@ def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> s
              first_paragraph(f.summary)) for f in families)
     statuses = [doc.status([r.id for r in doc.family.routes()], "index.md") for doc in overviews]
     header_row, matrix = dashboard.matrix(statuses)
-    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\nOne row per family and "
+    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\n{dashboard.headline(statuses)}\n\n"
+            + table(*dashboard.grid(statuses))
+            + "\n\n## Every family and device\n\nOne row per family and "
             f"recorded device, one per GPU model (a device links to every route below): is it green, and is the "
             f"record current (**STALE**: made on other sources than today's, so it no longer vouches for the code; "
             f"the CI gate needs one current GPU record per family, of any GPU model). GPUs: how many GPUs of the "
@@ -589,6 +591,7 @@ def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, st
             if overview:
                 overviews.append(doc)
     docs["index.md"] = render_index(families, overviews)
+    docs = {path: dashboard.without_roles(text) for path, text in docs.items()}  # docstrings' Sphinx roles
     for family in families:
         for mode in family.failure_modes:
             for target in (mode.read_first, mode.then):
