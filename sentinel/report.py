@@ -57,11 +57,13 @@ def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
     return results
 
 
+def of_tol_text(of_tol: float) -> str:
+    """A check's criterion: its largest error as a fraction of the allowed bound, ``0.21 of tol``."""
+    return f"{of_tol:.2g} of tol"
+
+
 def _error_cell(check: Optional[CheckResult]) -> str:
-    """The check's criterion: its largest error as a fraction of the allowed bound, ``0.21 of tol``."""
-    if check is None or check.of_tol is None:
-        return "-"
-    return f"{check.of_tol:.2g} of tol"
+    return "-" if check is None or check.of_tol is None else of_tol_text(check.of_tol)
 
 
 def _tolerance_cell(check: Optional[CheckResult]) -> str:

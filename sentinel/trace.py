@@ -40,6 +40,7 @@ from kernel_sentinel.family import REPO_ROOT, Family, KnownIssue
 from kernel_sentinel.records import blob_ids, device_text, git, head_commit, load_record, row_key
 from kernel_sentinel.sanitize import is_triton_route
 from kernel_sentinel import registry
+from kernel_sentinel import report
 
 TRACES_DIR = REPO_ROOT / "traces"
 RECORDS_DIR_NAME = "verification"
@@ -307,6 +308,8 @@ def describe_path(path: TreePath) -> str:
 
 
 def error_text(check: dict[str, Any]) -> str:
+    if check.get("of_tol") is not None:  # the criterion; records older than it hold abs and rel alone
+        return f" ({report.of_tol_text(check['of_tol'])})"
     values = [f"{name} {check[key]:.2e}" for key, name in (("max_abs", "abs"), ("max_rel", "rel"))
               if check.get(key) is not None]
     return f" ({', '.join(values)})" if values else ""

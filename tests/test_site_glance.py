@@ -73,3 +73,13 @@ def test_the_stylesheet_colours_every_status_of_the_grid():
 ])
 def test_sphinx_roles_become_code_spans_outside_code_blocks(text, shown):
     assert dashboard.without_roles(text) == shown
+
+
+def test_the_verification_tables_show_the_criterion_where_the_record_has_it():
+    """A check recorded with ``of_tol`` reads like the verify table (``0.21 of tol``); older records keep abs and
+    rel, the only numbers they hold."""
+    from kernel_sentinel import trace
+
+    assert trace.error_text({"max_abs": 4.29e-08, "max_rel": 2.95e-04, "of_tol": 0.2134}) == " (0.21 of tol)"
+    assert trace.error_text({"max_abs": 4.29e-08, "max_rel": 2.95e-04}) == " (abs 4.29e-08, rel 2.95e-04)"
+    assert trace.error_text({"max_abs": None, "max_rel": None}) == ""
