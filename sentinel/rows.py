@@ -71,6 +71,7 @@ class RouteRun:
 
     def __init__(self, family: Family, route_id: str, options: Options, dtype: torch.dtype):
         self.family, self.route_id, self.options, self.dtype = family, route_id, options, dtype
+        memory.install()  # every check's interpreted launches stay inside their arguments (memory.py)
         self.tolerance = family.tolerance(dtype)
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
