@@ -173,10 +173,10 @@ class Launch:
         when none is)."""
         self.accesses += 1
         if mask is None or mask.all():
-            on, made = None, pointers.reshape(-1).astype(numpy.uint64)
+            on, made = None, pointers.reshape(-1).astype(numpy.uint64, copy=False)
         else:
             on = numpy.broadcast_to(mask, pointers.shape)
-            made = pointers[on].astype(numpy.uint64)
+            made = pointers[on].astype(numpy.uint64, copy=False)
         bad = self.outside(made, size)
         program = _program_index()
         if bad.any():

@@ -29,9 +29,9 @@ SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
-# after the generic checks: kernel observed, batch invariance, memory, opcheck, devices (the toy has no Triton kernel
-# and no custom op, and runs on the CPU: observed, memory, opcheck and devices pass as not applicable)
-NEW_CHECKS = ("observed", "batch", "memory", "opcheck", "devices")
+# after the generic checks: kernel observed, batch invariance, memory, races, opcheck, devices (the toy has no Triton
+# kernel and no custom op, and runs on the CPU: observed, memory, races, opcheck and devices pass as not applicable)
+NEW_CHECKS = ("observed", "batch", "memory", "races", "opcheck", "devices")
 
 
 def statuses(result) -> dict[str, str]:
