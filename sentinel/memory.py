@@ -512,11 +512,12 @@ def recording(programs: Optional[Programs] = None) -> Iterator[list[Launch]]:
 
 
 def verdict(family: Family, cases: Sequence[Case], device: torch.device,
-            bad: Sequence[Callable[[], Case]] = ()) -> Verdict:
+            bad: Sequence[Callable[[], Case]] = (), recorded: Optional[list[list[Launch]]] = None) -> Verdict:
     """The ``memory`` check on ``cases`` (of one route): run each (forward and backward) inside :func:`watching`,
     in host mode and in device mode (:data:`MODES`), then each of the route's bad inputs ``bad`` (builders) in
     device mode, where the kernels read the bad values themselves and must stay inside their arguments whatever
-    they hold (raising is allowed)."""
+    they hold (raising is allowed). ``recorded``, when given, receives the launches of each bad input's run
+    (:func:`recording`), for the ``races`` check."""
     if device.type != "cpu":
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
@@ -527,8 +528,10 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device,
                 with value_checks(mode):
                     run_route(family.run, fresh_case(case))
         for make in bad:
-            with value_checks("device"), contextlib.suppress(Exception):
+            with value_checks("device"), recording() as launches, contextlib.suppress(Exception):
                 family.run(make())
+            if recorded is not None:
+                recorded.append(launches)
     problems = list(watch.problems[:SHOWN])
     if len(watch.problems) > SHOWN:
         problems.append(f"... {len(watch.problems) - SHOWN} more")

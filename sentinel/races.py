@@ -288,12 +288,24 @@ def _run(family: Family, case: Case, schedule: Optional[Schedule]) -> tuple[Any,
     return outputs, launches
 
 
+def _bad_input_runs(family: Family, bad: Sequence[Callable[[], Case]]) -> list[list[memory.Launch]]:
+    """The recorded launches of each bad input's run in device mode (in program order)."""
+    runs = []
+    for make in bad:
+        with alloc.poisoned(), value_checks("device"), memory.recording() as launches:
+            with contextlib.suppress(Exception):
+                family.run(make())
+        runs.append(launches)
+    return runs
+
+
 def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
-            bad: Sequence[Callable[[], Case]] = ()) -> Verdict:
+            bad: Sequence[Callable[[], Case]] = (), recorded: Optional[Sequence[list[memory.Launch]]] = None) -> Verdict:
     """The ``races`` check on ``case`` (a route's tiny case): conflicts in program order and in each of
     :data:`SCHEDULES` (shuffled ones seeded by ``seed``), whose outputs must be bitwise program order's; then
     conflicts in program order of each of the route's bad inputs ``bad`` (builders) in device mode, where the
-    kernels read the bad values themselves (unsorted ids, say: raising is allowed)."""
+    kernels read the bad values themselves (unsorted ids, say: raising is allowed). ``recorded``: the launches of
+    those runs, when the ``memory`` check has made them (:func:`kernel_sentinel.memory.verdict`)."""
     if device.type != "cpu":
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
@@ -315,11 +327,8 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
             found.setdefault(line, f"{line} (in {name} order)")
         for line in differences(got, want):
             found.setdefault(line, f"in {name} order, not bitwise program order's: {line}")
-    for make in bad:
-        with alloc.poisoned(), value_checks("device"), memory.recording() as again:
-            with contextlib.suppress(Exception):
-                family.run(make())
-        for line in (c for launch in again for c in conflicts(launch)):
+    for launches_of_one in _bad_input_runs(family, bad) if recorded is None else recorded:
+        for line in (c for launch in launches_of_one for c in conflicts(launch)):
             found.setdefault(line, f"{line} (a bad input in device mode)")
     found = list(found.values())
     problems = found[:SHOWN] + ([f"... {len(found) - SHOWN} more"] if len(found) > SHOWN else [])
@@ -327,5 +336,5 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
     kernels = ", ".join(sorted({launch.kernel for launch in launches}))
     return Verdict(tuple(problems), f"{accesses} accesses in {len(launches)} launches ({kernels}) of the tiny case "
                                     f"checked for unordered conflicts between programs, in program order and "
-                                    f"{', '.join(SCHEDULES)} order, outputs compared bitwise; {len(bad)} bad "
-                                    f"inputs in device mode checked for conflicts")
+                                    f"{', '.join(SCHEDULES)} order, outputs compared bitwise; the bad inputs in "
+                                    f"device mode checked for conflicts")

@@ -76,6 +76,7 @@ class RouteRun:
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
         self._probes: dict[str, Probe] = {}
+        self.bad_input_launches: Optional[list] = None  # the memory check's recorded runs, for the races check
 
     def case(self, size: str) -> Case:
         if size not in self._cases:
@@ -402,12 +403,16 @@ def _bad_builders(run: RouteRun) -> list[Callable[[], Case]]:
 
 def check_memory(run: RouteRun, repro: str) -> CheckResult:
     sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
-    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, _bad_builders(run))
+    recorded: list = []
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, _bad_builders(run),
+                             recorded)
+    run.bad_input_launches = recorded
     return _summarized("memory", verdict.problems, verdict.summary, (), repro)
 
 
 def check_races(run: RouteRun, repro: str) -> CheckResult:
-    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, _bad_builders(run))
+    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, _bad_builders(run),
+                            run.bad_input_launches)
     return _summarized("races", verdict.problems, verdict.summary, (), repro)
 
 

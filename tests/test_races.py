@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from provable_kernels import launch
-from kernel_sentinel import memory, mutate, races
+from kernel_sentinel import memory, mutate, races, registry, rows
 from kernel_sentinel.family import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs the Triton interpreter (CPU)")
@@ -222,6 +222,21 @@ def test_a_launch_too_large_to_check_says_so(monkeypatch):
 def test_a_schedule_name_is_checked():
     with pytest.raises(ValueError, match="name: 'sideways' is no schedule"):
         races.Schedule("sideways")
+
+
+def test_the_bad_inputs_memory_ran_are_checked_for_races_without_running_them_again(monkeypatch):
+    """In one row the memory check's recorded runs of the bad inputs serve the races check."""
+    family = registry.family("segment")
+    run = rows.RouteRun(family, "segment.triton.sum.train.ids", rows.Options(device=torch.device("cpu"), quick=True),
+                        torch.float32)
+    assert rows.check_memory(run, "").passed
+    assert len(run.bad_input_launches) == len(rows.bad_inputs_of(family, run.route_id))
+    assert any(launch.trace for launches in run.bad_input_launches for launch in launches)
+    seen = []
+    monkeypatch.setattr(races, "conflicts", lambda launch: seen.append(launch) or [])
+    monkeypatch.setattr(races, "_bad_input_runs", lambda *args: pytest.fail("the bad inputs ran again"))
+    assert rows.check_races(run, "").passed
+    assert all(any(launch is s for s in seen) for launches in run.bad_input_launches for launch in launches)
 
 
 # ------------------------------------------------------------------------------------------ planted bugs
