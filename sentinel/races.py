@@ -6,7 +6,8 @@ order nobody chose. A kernel correct only in program order passes every other CP
 ``tiny`` case (forward and backward: :attr:`Family.run`) with every access recorded
 (:func:`kernel_sentinel.memory.recording`), first in program order, then with the programs run in other orders
 (:data:`SCHEDULES`), then the route's bad inputs in device mode, in program order (the kernels then read bad
-indices themselves: unsorted ids may send two programs to one segment), and reports
+indices themselves: unsorted ids may send two programs to one segment; the ``memory`` check's recorded runs of them
+when it ran first in the row), and reports
 
 - **conflicts** (:func:`conflicts`): two accesses of different programs to the same bytes, at least one of them a
   plain store and not both atomics, that no synchronisation orders. Order comes from the atomics' memory semantics
@@ -18,9 +19,10 @@ indices themselves: unsorted ids may send two programs to one segment), and repo
   guard its reads (it reads before the flag says so) leaves the read unordered in some schedule, and is reported.
   Each finding names the kernel, the two program ids, the argument, the offset and the accesses;
 - **schedules other than program order**: the programs run in reversed order and in seeded random orders, one
-  at a time, each until it finishes or **waits**: it repeats its previous access with an atomic (same addresses,
-  same values read, memory unchanged: a spin wait's poll; Triton's acquire is an atomic). A waiting program runs again once another
-  program changes memory. Outputs and gradients must be bitwise those of program order (a difference is an
+  at a time (a thread each), each until it finishes or **waits**: it repeats its previous access with an atomic
+  (same addresses, same values read, memory unchanged: a spin wait's poll; Triton's acquire is an atomic). A
+  waiting program runs again once another program changes memory, so no dependency needs declaring: every order
+  is one a GPU may run, a wait included. Outputs and gradients must be bitwise those of program order (a difference is an
   order dependence the GPU can show). When every unfinished program waits, the schedule has a **deadlock**: each
   waiting program is named with the argument and offset it polls, instead of hanging; a program that makes more
   than :data:`STEP_LIMIT` accesses in one launch is reported the same way (a spin wait the check does not
@@ -33,8 +35,9 @@ What it cannot see: races between the threads of one program (warps, shared memo
 on the GPU, ``sentinel verify --sanitize``); effects of the hardware's memory model beyond acquire and release
 (the interpreter is sequentially consistent: a missing fence between plain accesses, relaxed atomics read out of
 order, caches); schedules other than those it runs (a program is never interrupted between two accesses except
-while it waits); accesses of different sizes overlapping only in part are compared byte by byte, but an access
-by masked-off lanes is not made at all. On CUDA it does not run (the kernels run compiled).
+while it waits); accesses of masked-off lanes (not made, on a GPU either); a wait on a later program that a GPU
+without room for every program at once would never start (every program here always gets its turn). On CUDA it
+does not run (the kernels run compiled).
 """
 from __future__ import annotations
 
