@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from kernel_sentinel.console import plain
 
 COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate",
-            "kernel_sentinel.mutate")
+            "kernel_sentinel.mutate", "kernel_sentinel.new")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
@@ -29,6 +29,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         module.register(subparsers)
         owners.update({command: module for command in set(subparsers.choices) - before})
     for sub in subparsers.choices.values():  # help is terminal text: the docstrings' markup goes
+        sub.add_argument("--family-path", action="append", default=[], metavar="DIR",
+                         help="also find families in DIR (each <DIR>/<name>/family.py; repeatable; added to "
+                              "SENTINEL_FAMILY_PATH)")
         sub.description = sub.description and plain(sub.description)
         for action in sub._actions:
             action.help = action.help and plain(action.help)
@@ -43,6 +46,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         device.prepare(getattr(args, "device", "auto"))
     except ValueError as exc:
+        return console.usage_error(str(exc))
+    from kernel_sentinel import registry
+
+    registry.add_to_search_path(args.family_path)
+    try:
+        registry.search_path()
+    except registry.SearchPathError as exc:
         return console.usage_error(str(exc))
     return owners[args.command].run(args)
 
