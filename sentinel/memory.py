@@ -121,8 +121,8 @@ class Launch:
     """One interpreted launch: its kernel, the spans of its tensor arguments, how many accesses were checked, the
     problems found (lanes outside every argument) and, when recorded, every access made (in execution order)."""
 
-    def __init__(self, kernel: str, spans: Sequence[Span], record: bool):
-        self.kernel, self.spans = kernel, list(spans)
+    def __init__(self, kernel: str, spans: Sequence[Span], record: bool, empty: Sequence[str] = ()):
+        self.kernel, self.spans, self.empty = kernel, list(spans), list(empty)  # empty: tensor arguments (named)
         self.accesses = 0
         self.problems: list[str] = []
         self.trace: Optional[list[Access]] = [] if record else None
@@ -181,8 +181,9 @@ class Launch:
         program = _program_index()
         if bad.any():
             first = int(made[bad][0])
+            empty = f" (empty: {', '.join(self.empty)})" if self.empty else ""
             self.problems.append(f"{self.kernel} program {program}: {kind} of {size} bytes, {int(bad.sum())} lanes "
-                                 f"outside every tensor argument; first {self.nearest(first, size)}")
+                                 f"outside every tensor argument{empty}; first {self.nearest(first, size)}")
             full = numpy.zeros(pointers.shape, dtype=bool)
             if on is None:
                 full.reshape(-1)[:] = ~bad
@@ -292,15 +293,17 @@ class _CheckedInterpreter:
 # ----------------------------------------------------------------------------------------------- redzones
 
 
-def _span(x: torch.Tensor, name: str) -> Optional[Span]:
-    """The bytes of ``x`` from its first to its last element (None when it has none)."""
-    if x.numel() == 0:
-        return None
+def _span(x: torch.Tensor, name: str) -> Span:
+    """The bytes of ``x`` (not empty) from its first to its last element."""
     low = sum((n - 1) * s for n, s in zip(x.shape, x.stride()) if s < 0)
     high = sum((n - 1) * s for n, s in zip(x.shape, x.stride()) if s > 0)
     size = x.element_size()
-    return Span(x.data_ptr() + low * size, x.data_ptr() + (high + 1) * size, name,
-                f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}")
+    return Span(x.data_ptr() + low * size, x.data_ptr() + (high + 1) * size, name, _what(x))
+
+
+def _what(x: torch.Tensor) -> str:
+    """Shape and dtype of ``x``: ``(4, 3) float32``."""
+    return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
 
 
 def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -383,27 +386,16 @@ class _Redzones:
 # ------------------------------------------------------------------------------------------------- launches
 
 
-def _spans(name: str, arg: Any) -> Iterator[Span]:
-    """The spans of the tensors in argument ``name``: a tensor, the tensors of a tuple or list, the base of a
-    tensor descriptor."""
+def _tensors(name: str, arg: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors in argument ``name``, named: a tensor, the tensors of a tuple or list, the base of a tensor
+    descriptor."""
     if isinstance(arg, torch.Tensor):
-        span = _span(arg, name)
-        if span is not None:
-            yield span
+        yield name, arg
     elif isinstance(arg, (tuple, list)):
         for i, item in enumerate(arg):
-            yield from _spans(f"{name}[{i}]", item)
+            yield from _tensors(f"{name}[{i}]", item)
     elif isinstance(getattr(arg, "base", None), torch.Tensor):
-        yield from _spans(f"{name}.base", arg.base)
-
-
-def _on_cpu(arg: Any) -> bool:
-    """Whether every tensor in ``arg`` is a CPU tensor (the interpreter then accesses it in place)."""
-    if isinstance(arg, torch.Tensor):
-        return arg.device.type == "cpu"
-    if isinstance(arg, (tuple, list)):
-        return all(_on_cpu(a) for a in arg)
-    return _on_cpu(arg.base) if isinstance(getattr(arg, "base", None), torch.Tensor) else True
+        yield from _tensors(f"{name}.base", arg.base)
 
 
 def _guarded_call(original: Callable[..., None]) -> Callable[..., None]:
@@ -413,15 +405,17 @@ def _guarded_call(original: Callable[..., None]) -> Callable[..., None]:
         state = _STATE
         names = list(executor.arg_names)[:len(args)]
         names += [f"#{i}" for i in range(len(names), len(args))]
-        if not all(_on_cpu(a) for a in (*args, *kwargs.values())):  # copied to the host: addresses of the copies
-            return original(executor, *args, **kwargs)
+        if any(t.device.type != "cpu" for n, a in kwargs.items() for _, t in _tensors(n, a)) or any(
+                t.device.type != "cpu" for n, a in zip(names, args) for _, t in _tensors(n, a)):
+            return original(executor, *args, **kwargs)  # copied to the host: the copies' addresses are not known
         kernel = executor.fn.__name__
         watch, zones = state.watch, _Redzones(kernel)
         if watch is not None:
             args = tuple(zones.copy(n, a) for n, a in zip(names, args))
             kwargs = {n: zones.copy(n, a) for n, a in kwargs.items()}
-        spans = [s for n, a in (*zip(names, args), *kwargs.items()) for s in _spans(n, a)]
-        launch = Launch(kernel, spans, state.recorded is not None)
+        tensors = [named for n, a in (*zip(names, args), *kwargs.items()) for named in _tensors(n, a)]
+        launch = Launch(kernel, [_span(t, n) for n, t in tensors if t.numel()], state.recorded is not None,
+                        [f"{n} ({_what(t)})" for n, t in tensors if not t.numel()])
         fn, outer = executor.fn, state.current
         state.current = launch
         if state.programs is not None:

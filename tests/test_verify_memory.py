@@ -75,6 +75,14 @@ def test_a_store_past_the_end_is_caught_and_kept_from_memory():
     assert "store of 4 bytes, 1 lanes outside" in problem and "past the end of argument dst_ptr" in problem
 
 
+def test_a_store_into_an_empty_argument_names_it():
+    with memory.watching() as watch:
+        launch.launcher(copy_kernel)[(1,)](torch.arange(5.0), torch.empty(0), 5, READ_PAST=0, WRITE_PAST=0, BLOCK=8)
+    (problem,) = watch.problems
+    assert problem.startswith("copy_kernel program (0, 0, 0): store of 4 bytes, 5 lanes outside every tensor argument "
+                              "(empty: dst_ptr ((0,) float32)); first ")
+
+
 def test_a_launch_around_the_launcher_is_checked_too():
     with memory.watching() as watch:
         copy(torch.arange(5.0), write_past=1, direct=True)
