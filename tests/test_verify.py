@@ -777,13 +777,16 @@ def test_planted_gradient_of_a_row_past_its_segment_fails_bad_input_in_device_mo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
 def test_planted_bug_in_the_kernels_own_id_check_fails_reference_in_device_mode():
-    """The kernels' own ids check (device mode, the CUDA default) reading the wrong rows poisons valid segments: on
-    the CPU only the device-mode run of ``reference`` reaches that code with valid inputs."""
+    """The kernels' own ids check (device mode, the CUDA default) reading the wrong rows, before ``ids``: on the CPU
+    only the device-mode run of ``reference`` reaches that code with valid inputs, and the memory guard stops the
+    reads before they are made."""
     route = "segment.triton.sum.train.ids"
     planted_last = planted_failure(
         "segment", route, "reference", "kernels/segment/triton_segment.py",
         r"tl\.load\(ids_ptr \+ rows, mask=live, other=0\) != seg", "ids_ptr + rows", "ids_ptr - rows")
-    assert planted_last.startswith(f"{route} float32 reference: float64 reference, device mode: value:"), planted_last
+    assert planted_last.startswith(f"{route} float32 reference: OutOfBounds: segment_chunk_kernel program"), \
+        planted_last
+    assert "before the start of argument ids_ptr" in planted_last, planted_last
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
