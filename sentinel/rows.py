@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import crossdevice, memory, opcheck
+from kernel_sentinel import crossdevice, memory, opcheck, races
 from provable_kernels import alloc
 from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
@@ -29,7 +29,7 @@ from kernel_sentinel.observed import in_child, observe
 from kernel_sentinel.records import CheckResult, RouteResult
 
 CHECKS = ("route", "reference", "exact", "properties", "guards", "bad_input") + GENERIC_CHECKS + ("observed", "batch")
-CHECKS += ("memory", "opcheck", "devices")
+CHECKS += ("memory", "races", "opcheck", "devices")
 GENERIC_SIZES = {"layouts": "tiny"}  # the size each generic check asks for (default: small)
 DEFAULT_EXAMPLES = 12
 QUICK_EXAMPLES = 2
@@ -71,10 +71,12 @@ class RouteRun:
 
     def __init__(self, family: Family, route_id: str, options: Options, dtype: torch.dtype):
         self.family, self.route_id, self.options, self.dtype = family, route_id, options, dtype
+        memory.install()  # every check's interpreted launches stay inside their arguments (memory.py)
         self.tolerance = family.tolerance(dtype)
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
         self._probes: dict[str, Probe] = {}
+        self.bad_input_launches: Optional[list] = None  # the memory check's recorded runs, for the races check
 
     def case(self, size: str) -> Case:
         if size not in self._cases:
@@ -393,12 +395,25 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
     return check
 
 
+def _bad_builders(run: RouteRun) -> list[Callable[[], Case]]:
+    """Builders of the route's bad inputs, on its tiny case (the ``memory`` and ``races`` checks run them)."""
+    base = run.case(run.options.size("tiny"))
+    return [functools.partial(item.make, base) for item in bad_inputs_of(run.family, run.route_id)]
+
+
 def check_memory(run: RouteRun, repro: str) -> CheckResult:
     sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
-    base = run.case(run.options.size("tiny"))
-    bad = [functools.partial(item.make, base) for item in bad_inputs_of(run.family, run.route_id)]
-    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, bad)
+    recorded: list = []
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, _bad_builders(run),
+                             recorded)
+    run.bad_input_launches = recorded
     return _summarized("memory", verdict.problems, verdict.summary, (), repro)
+
+
+def check_races(run: RouteRun, repro: str) -> CheckResult:
+    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, _bad_builders(run),
+                            run.bad_input_launches)
+    return _summarized("races", verdict.problems, verdict.summary, (), repro)
 
 
 def check_opcheck(run: RouteRun, repro: str) -> CheckResult:
@@ -434,6 +449,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
     "observed": check_observed,
     "batch": check_batch,
     "memory": check_memory,
+    "races": check_races,
     "opcheck": check_opcheck,
     "devices": check_devices,
 }

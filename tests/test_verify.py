@@ -30,9 +30,9 @@ SEMICRF = registry.family("semicrf")
 CPU = Options(device=torch.device("cpu"), seed=0, examples=3)  # the toy family runs no Triton kernel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: Triton under the interpreter
 QUICK = Options(device=DEVICE, seed=0, examples=2, quick=True)
-# after the generic checks: kernel observed, batch invariance, memory, opcheck, devices (the toy has no Triton kernel
-# and no custom op, and runs on the CPU: observed, memory, opcheck and devices pass as not applicable)
-NEW_CHECKS = ("observed", "batch", "memory", "opcheck", "devices")
+# after the generic checks: kernel observed, batch invariance, memory, races, opcheck, devices (the toy has no Triton
+# kernel and no custom op, and runs on the CPU: observed, memory, races, opcheck and devices pass as not applicable)
+NEW_CHECKS = ("observed", "batch", "memory", "races", "opcheck", "devices")
 
 
 def statuses(result) -> dict[str, str]:
@@ -777,13 +777,16 @@ def test_planted_gradient_of_a_row_past_its_segment_fails_bad_input_in_device_mo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")
 def test_planted_bug_in_the_kernels_own_id_check_fails_reference_in_device_mode():
-    """The kernels' own ids check (device mode, the CUDA default) reading the wrong rows poisons valid segments: on
-    the CPU only the device-mode run of ``reference`` reaches that code with valid inputs."""
+    """The kernels' own ids check (device mode, the CUDA default) reading the wrong rows, before ``ids``: on the CPU
+    only the device-mode run of ``reference`` reaches that code with valid inputs, and the memory guard stops the
+    reads before they are made."""
     route = "segment.triton.sum.train.ids"
     planted_last = planted_failure(
         "segment", route, "reference", "kernels/segment/triton_segment.py",
         r"tl\.load\(ids_ptr \+ rows, mask=live, other=0\) != seg", "ids_ptr + rows", "ids_ptr - rows")
-    assert planted_last.startswith(f"{route} float32 reference: float64 reference, device mode: value:"), planted_last
+    assert planted_last.startswith(f"{route} float32 reference: OutOfBounds: segment_chunk_kernel program"), \
+        planted_last
+    assert "before the start of argument ids_ptr" in planted_last, planted_last
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the scratch worker verifies on the CPU")

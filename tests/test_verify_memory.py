@@ -1,15 +1,21 @@
-"""The ``memory`` check (:mod:`kernel_sentinel.memory`): out-of-bounds accesses and write races of Triton kernels
-caught on the CPU.
+"""The guard and the ``memory`` check (:mod:`kernel_sentinel.memory`): out-of-bounds accesses of Triton kernels
+caught on the CPU before they are made.
 
 Toy kernels with a known access pattern check the mechanism (a masked read past the end that ``other`` would hide,
 a store past the end, a correct kernel, a launch around the launcher, changed interpreter internals, a changed
-guard, an element stored by two programs); planted bugs in the library's own kernels (out-of-bounds mutants the
-issue names, and mutants that make two programs store to one element) must fail ``sentinel verify``'s ``memory``
-check in a scratch copy, and the unmutated sources must pass it.
+guard, the guard outside the check); a toy family with an off-by-one store mask must fail ``sentinel verify`` with
+rc 1 and a ``memory`` failure, not take it down; planted bugs in the library's own kernels (out-of-bounds mutants
+the issue names) must fail ``sentinel verify``'s ``memory`` check in a scratch copy, and the unmutated sources must
+pass it.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -69,11 +75,40 @@ def test_a_store_past_the_end_is_caught_and_kept_from_memory():
     assert "store of 4 bytes, 1 lanes outside" in problem and "past the end of argument dst_ptr" in problem
 
 
-def test_a_launch_around_the_launcher_is_reported():
+def test_a_store_into_an_empty_argument_names_it():
     with memory.watching() as watch:
-        copy(torch.arange(5.0), direct=True)
-    assert watch.problems and all("outside a launch through provable_kernels.launch.Launcher" in p
-                                  for p in watch.problems)
+        launch.launcher(copy_kernel)[(1,)](torch.arange(5.0), torch.empty(0), 5, READ_PAST=0, WRITE_PAST=0, BLOCK=8)
+    (problem,) = watch.problems
+    assert problem.startswith("copy_kernel program (0, 0, 0): store of 4 bytes, 5 lanes outside every tensor argument "
+                              "(empty: dst_ptr ((0,) float32)); first ")
+
+
+def test_a_launch_around_the_launcher_is_checked_too():
+    with memory.watching() as watch:
+        copy(torch.arange(5.0), write_past=1, direct=True)
+    (problem,) = watch.problems
+    assert "store of 4 bytes, 1 lanes outside" in problem and "past the end of argument dst_ptr" in problem
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_outside_the_check_an_out_of_bounds_store_raises_and_writes_nothing(direct):
+    """The guard in every other check: the lane past the end is masked off (the element after the view keeps its
+    value) and the launch raises, naming the kernel, the program, the argument and the offset."""
+    memory.install()
+    src, buf = torch.arange(5.0), torch.full((6,), -1.0)
+    dst = buf[:5]
+    meta = dict(READ_PAST=0, WRITE_PAST=1, BLOCK=8)
+    with pytest.raises(memory.OutOfBounds) as raised:
+        if direct:
+            copy_kernel[(1,)](src, dst, 5, **meta)
+        else:
+            launch.launcher(copy_kernel)[(1,)](src, dst, 5, **meta)
+    assert str(raised.value).startswith("copy_kernel program (0, 0, 0): store of 4 bytes, 1 lanes outside every "
+                                        "tensor argument; first 4 bytes (1 elements) past the end of argument "
+                                        "dst_ptr ((5,) float32) (masked off: nothing was read or written there")
+    assert "the memory check names them" in str(raised.value)
+    assert buf[5].item() == -1.0 and torch.equal(dst, src)
+    launch.launcher(copy_kernel)[(1,)](src, buf[:5], 5, READ_PAST=0, WRITE_PAST=0, BLOCK=8)  # a correct one runs
 
 
 def test_changed_interpreter_internals_fail_loudly(monkeypatch):
@@ -88,12 +123,13 @@ def test_changed_interpreter_internals_fail_loudly(monkeypatch):
             pass
 
 
-def test_a_launch_without_checked_accesses_fails():
+def test_a_launch_without_checked_accesses_fails(monkeypatch):
     """A Triton whose interpreter no longer calls the wrapped functions: the launch makes no checked access."""
     from triton.runtime import interpreter
 
+    memory.install()
     with memory.watching() as watch:
-        interpreter._interpreter = interpreter._interpreter._inner  # watching() puts it back
+        monkeypatch.setattr(interpreter, "_interpreter", interpreter._interpreter._inner)
         copy(torch.arange(5.0))
     assert watch.problems == ["copy_kernel: the launch made no checked load or store (the Triton interpreter "
                               "reaches memory another way: its internals changed)"]
@@ -107,54 +143,6 @@ def test_a_changed_guard_is_a_problem():
     raw[zone.guard + zone.size + 3] = 7
     (problem,) = zone.finish("x")
     assert problem.startswith("1 guard bytes around argument x changed, the first 3 bytes past the storage")
-
-
-@triton.jit
-def last_kernel(src_ptr, dst_ptr, n, SHARED: tl.constexpr, BLOCK: tl.constexpr):
-    """Program p writes dst[p] = src[p]; with SHARED every program also writes dst[n - 1] = src[n - 1] (the same
-    value, so the interpreter's result is right: only the second writer shows)."""
-    p = tl.program_id(0)
-    tl.store(dst_ptr + p, tl.load(src_ptr + p))
-    i = tl.arange(0, BLOCK)
-    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i == n - 1), mask=(i == n - 1) & SHARED)
-
-
-def test_an_element_stored_by_two_programs_is_a_race():
-    src = torch.arange(4.0)
-    for shared in (False, True):
-        dst = torch.zeros(4)
-        with memory.watching() as watch:
-            launch.launcher(last_kernel)[(3,)](src, dst, 4, SHARED=shared, BLOCK=4)
-        assert torch.equal(dst, src if shared else torch.tensor([0.0, 1, 2, 0]))
-        if not shared:
-            assert watch.problems == []
-            continue
-        (problem,) = watch.problems
-        assert problem == ("last_kernel: 1 elements stored by more than one program (a write race on a GPU); the "
-                           "first, byte 12 of argument dst_ptr ((4,) float32), by programs (0, 0, 0) and (1, 0, 0)")
-
-
-@triton.jit
-def count_kernel(dst_ptr, PLAIN: tl.constexpr):
-    """Every program adds 1 to dst[0] atomically; with PLAIN program 0 also stores 0 there with a plain store."""
-    tl.atomic_add(dst_ptr, 1.0)
-    if PLAIN:
-        if tl.program_id(0) == 0:
-            tl.store(dst_ptr, 0.0)
-
-
-def test_atomics_may_share_an_element_a_plain_store_among_them_may_not():
-    for plain in (False, True):
-        dst = torch.zeros(1)
-        with memory.watching() as watch:
-            launch.launcher(count_kernel)[(3,)](dst, PLAIN=plain)
-        if not plain:
-            assert watch.problems == [] and dst.item() == 3.0
-            continue
-        (problem,) = watch.problems
-        assert problem.startswith("count_kernel: 1 elements stored by more than one program (a write race on a GPU); "
-                                  "the first, byte 0 of argument dst_ptr ((1,) float32), by programs (0, 0, 0) and "
-                                  "(1, 0, 0)")
 
 
 def test_views_of_one_storage_share_one_copy():
@@ -193,26 +181,6 @@ PLANTED = {
 }
 
 
-# (family, file, pattern, old, new, routes): two programs storing to one element, each must fail ``memory``
-PLANTED_RACES = {
-    "segment writes every segment's start into the offsets, not only segment 0's (sorted ids: each start is also "
-    "the previous segment's end, which another program writes)": (
-        "segment", "kernels/segment/triton_segment.py",
-        r"tl\.store\(offsets_ptr \+ sg, ag, mask=writes & \(sg == 0\)\)",
-        "mask=writes & (sg == 0)", "mask=writes", ["segment.triton.sum.train.ids"]),
-    "segment's last-chunk test clamps a found id to S + 1 (unsorted ids: a segment written by its short and its "
-    "long program)": (
-        "segment", "kernels/segment/triton_segment.py",
-        r"found = tl\.minimum\(tl\.maximum\(found, 0\), tl\.maximum\(S - 1, 0\)\)", "S - 1", "S + 1",
-        ["segment.triton.sum.train.ids"]),
-    "segment writes the ids form's bounds from every column block, not only the first (equal values: only the "
-    "one-writer rule sees it)": (
-        "segment", "kernels/segment/triton_segment.py", r"writes = \(sg < S\) & _block\(tl\.program_id\(1\) == 0, sg\)",
-        "writes = (sg < S) & _block(tl.program_id(1) == 0, sg)", "writes = (sg < S)",
-        ["segment.triton.sum.infer.one_block"]),
-}
-
-
 @pytest.fixture(scope="module")
 def scratch():
     copy = mutate.Scratch(REPO_ROOT)
@@ -228,14 +196,113 @@ def test_the_unmutated_sources_pass_memory(scratch):
 
 
 OUT_OF_BOUNDS = r"\w+ program \(\d+, \d+, \d+\): (load|store) of \d+ bytes, \d+ lanes outside every tensor argument"
-RACE = r"\w+: \d+ elements stored by more than one program"
 
 
-@pytest.mark.parametrize("name, finding", [(name, OUT_OF_BOUNDS) for name in PLANTED] +
-                         [(name, RACE) for name in PLANTED_RACES])
-def test_planted_bug_fails_memory(scratch, name, finding):
-    family, file, pattern, old, new, routes = {**PLANTED, **PLANTED_RACES}[name]
+@pytest.mark.parametrize("name", PLANTED)
+def test_planted_bug_fails_memory(scratch, name):
+    family, file, pattern, old, new, routes = PLANTED[name]
     with scratch.planted(file, pattern, old, new):
         code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["memory"])
     assert code == 1, last
-    assert re.match(rf"{re.escape(routes[0])} \w+ memory: {finding}", last), last
+    assert re.match(rf"{re.escape(routes[0])} \w+ memory: {OUT_OF_BOUNDS}", last), last
+
+
+# ------------------------------------------------------------------------- a kernel author's off-by-one store
+
+L2_FAMILY = '''\
+import torch
+import triton
+import triton.language as tl
+
+from provable_kernels import validate
+from provable_kernels.dispatch import Route, Tree
+
+
+@triton.jit
+def l2_kernel(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
+    """Row ``program_id(0)`` of x (rows, cols) divided by its L2 norm."""
+    offs = tl.arange(0, BLOCK)
+    base = tl.program_id(0) * cols
+    x = tl.load(x_ptr + base + offs, mask=offs < cols, other=0.0)
+    tl.store(y_ptr + base + offs, x / tl.sqrt(tl.sum(x * x, axis=0)), mask=offs STORE_MASK cols)
+
+
+def l2_triton(x):
+    """One program per row."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    l2_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1] + 1))
+    return {"value": y}
+
+
+TREE = Tree("l2fam", Route("l2fam.triton.infer", l2_triton))
+
+
+def l2_normalize(x):
+    """Each row of ``x`` (rows, cols) divided by its L2 norm."""
+    validate.tensor("x", x, ndim=2, dtypes=validate.FLOAT_DTYPES)
+    return TREE.dispatch(x)["value"]
+
+
+ENTRY_POINTS = {"l2_normalize": l2_normalize}
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}
+SIZES = {"small": dict(cols=5), "tiny": dict(cols=3)}
+
+
+def case(route_id, p, gen, device):
+    return "l2_normalize", {"x": torch.rand(4, p.cols, generator=gen, dtype=torch.float64) + 0.5}, {}
+
+
+def reference(kw, case):
+    return {"value": kw["x"] / kw["x"].norm(dim=-1, keepdim=True)}
+
+
+def example(pick):
+    return dict(cols=pick(range(1, 9)))
+
+
+ORACLES = (("float64 division", "tiny", reference),)
+AGREEMENTS = (("float64 division", "l2fam.*", reference),)
+ADVERSARIAL = (("huge", {"x": lambda x: x * 1e30}, None, {"errors_ok": True}),)
+STANDARD_BAD_INPUTS = dict(tensors=("x",))
+INVARIANTS = ("tests/test_verify_memory.py::test_an_off_by_one_store_mask_fails_verify_and_does_not_take_it_down",)
+BATCH_ITEMS = (("a row", "l2fam.*", {"x": 0, "value": 0}),)
+'''
+
+
+def verify_l2(tmp_path, store_mask: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``sentinel verify --quick`` of the toy L2 family with ``store_mask`` in its kernel's store mask."""
+    plugin = tmp_path / "plugins" / "l2fam"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text('"""Toy family: row-wise L2 normalisation (Triton)."""\n')
+    (plugin / "family.py").write_text(L2_FAMILY.replace("STORE_MASK", store_mask))
+    report = tmp_path / "report.json"
+    env = {**os.environ, "SENTINEL_FAMILY_PATH": str(tmp_path / "plugins"), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "verify", "--family", "l2fam", "--device", "cpu",
+                           "--dtype", "float32", "--quick", "--jobs", "1", "--json", str(report)], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert report.is_file(), done.stdout + done.stderr
+    (row,) = json.loads(report.read_text())["routes"]
+    return done, {c["name"]: c for c in row["checks"]}
+
+
+def test_an_off_by_one_store_mask_fails_verify_and_does_not_take_it_down(tmp_path):
+    """The issue's planted bug (``offs <= cols``): rc 1 with the report written, a ``memory`` failure naming the
+    program, the argument and the offset, and each other check that ran the kernel failed pointing at it; the
+    same family with ``offs < cols`` passes those checks."""
+    done, checks = verify_l2(tmp_path / "good", "<")
+    ran_the_kernel = ("route", "reference", "exact", "memory", "inputs", "determinism", "layouts")
+    assert all(checks[name]["status"] == "pass" for name in ran_the_kernel), done.stdout + done.stderr
+
+    done, checks = verify_l2(tmp_path / "bad", "<=")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Fatal" not in done.stderr and "died" not in done.stdout + done.stderr
+    memory_detail = checks["memory"]["detail"]
+    assert checks["memory"]["status"] == "fail"
+    assert re.search(r"l2_kernel program \(3, 0, 0\): store of 4 bytes, 1 lanes outside every tensor argument; "
+                     r"first 4 bytes \(1 elements\) past the end of argument y_ptr \(\(4, 3\) float32\)",
+                     memory_detail), memory_detail
+    for name in set(ran_the_kernel) - {"memory"}:
+        assert checks[name]["status"] == "fail", name
+        assert "OutOfBounds: l2_kernel program (3, 0, 0): store of 4 bytes" in checks[name]["detail"], name
+        assert "the memory check names them" in checks[name]["detail"], name
