@@ -66,7 +66,7 @@ def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
             original(self, grid, args, opts)
 
     def bound_launch(self: Any, *tensors: Any) -> None:  # a prepared launch: on a GPU it bypasses Launcher.launch
-        launch(self.launcher, self.grid, (*tensors, *self.tail), self.opts)
+        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)  # through any wrapper set inside the block
 
     Launcher.launch, Bound.__call__ = launch, bound_launch
     try:

@@ -8,6 +8,7 @@ exception inside one failing that check only. :mod:`kernel_sentinel.verify` and 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -18,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import crossdevice, memory, opcheck
+from kernel_sentinel import crossdevice, memory, opcheck, profile
 from provable_kernels import alloc
 from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
@@ -38,8 +39,9 @@ QUICK_EXAMPLES = 2
 @dataclass(frozen=True)
 class Options:
     """How to verify: device, seed (inputs and hypothesis), examples per property, quick mode (tiny sizes),
-    which checks to run (all of them, unless a test or a debugging session narrows it) and the CUDA device indices
-    the run spreads over (``--devices``; empty: the current device only). ``device`` is ``cuda`` without an index
+    which checks to run (all of them, unless a test or a debugging session narrows it), the CUDA device indices
+    the run spreads over (``--devices``; empty: the current device only) and whether each check counts its Triton
+    launches (``--profile``: :mod:`kernel_sentinel.profile`). ``device`` is ``cuda`` without an index
     on a GPU: cases are built on the current device, the one a ``--devices`` worker is pinned to."""
 
     device: torch.device
@@ -48,6 +50,7 @@ class Options:
     quick: bool = False
     checks: tuple[str, ...] = CHECKS
     gpus: tuple[int, ...] = ()
+    profile: bool = False
 
     def size(self, wanted: str) -> str:
         """The case size to use where ``wanted`` is asked for (``--quick`` runs everything at ``tiny``)."""
@@ -439,6 +442,11 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
 }
 
 
+def profiled(options: Options, key: profile.Key) -> contextlib.AbstractContextManager:
+    """:func:`kernel_sentinel.profile.counting` under ``key`` with ``--profile``, else nothing."""
+    return profile.counting(key) if options.profile else contextlib.nullcontext()
+
+
 def verify_route(family: Family, route_id: str, options: Options,
                  progress: Callable[[str], None] = lambda check: None,
                  dtype: Optional[torch.dtype] = None) -> RouteResult:
@@ -453,7 +461,8 @@ def verify_route(family: Family, route_id: str, options: Options,
         torch.manual_seed(options.seed)
         start = time.perf_counter()
         try:
-            result = CHECK_FUNCTIONS[name](run, repro)
+            with profiled(options, (family.name, route_id, dtype_name(dtype), name)):
+                result = CHECK_FUNCTIONS[name](run, repro)
         except Exception as exc:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = f"{error_text(exc)} (at {Path(where.filename).name}:{where.lineno})"

@@ -69,6 +69,9 @@ route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` 
 compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``, naming a GPU the host does not have,
 ``cpu`` or the same GPU twice.
 
+``--profile`` also prints where the time went (:mod:`kernel_sentinel.profile`): seconds and Triton launches per
+check, per family and per row, also in the JSON report (``profile``).
+
 ``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
 device when that was made from the same sources and versions on the same GPUs
 (:func:`kernel_sentinel.records.merge_record`), so a
@@ -85,7 +88,7 @@ from typing import Sequence
 
 import torch
 
-from kernel_sentinel import console, report, sanitize, workers
+from kernel_sentinel import console, profile, report, sanitize, workers
 from kernel_sentinel.family import REPO_ROOT, Family, matches
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.records import CheckResult, RouteResult
@@ -212,6 +215,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="spread the work over these GPUs: all, or a comma-separated list such as cuda:0,cuda:1 (one "
                         "worker process per GPU, ceil(J / N) with --jobs J; each pinned to its GPU); prints each "
                         "GPU's share at the end; the record names every GPU")
+    p.add_argument("--profile", action="store_true",
+                   help="also print where the time went: seconds and Triton launches per check, per family and for "
+                        "the most expensive rows (all rows in --json's 'profile')")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
@@ -254,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sanitize and (reason := sanitize.unavailable(device.type)):
         return console.usage_error(reason)
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
-    options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus)
+    options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus,
+                      profile=args.profile)
 
     commit = records.head_commit()  # taken at the start: the sources the run runs, not HEAD at its end
     sources = {family.name: records.blob_ids(family.source_files()) for family in families}
@@ -283,8 +290,12 @@ def run(args: argparse.Namespace) -> int:
     spread = {"wall_seconds": round(elapsed, 2), "shares": [s.as_dict(device) for s in shares.values()]}
     if gpus:
         workers.print_shares(spread)
+    profiled = profile.summary(results, profile.take(), elapsed) if args.profile else None
+    for table in profiled and profile.tables(profiled) or ():
+        console.out.print(table)
     if args.json:
         data = {**report.json_report(results, commit, info, problems), "devices": spread}
+        data = {**data, "profile": profiled} if profiled else data
         report.write_json(args.json, {**data, "coverage": reached.as_dict()} if reached else data)
     if args.junit:
         report.write_junit(args.junit, results, problems)

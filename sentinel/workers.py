@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import report, rows
+from kernel_sentinel import profile, report, rows
 from kernel_sentinel.checks import Measurement
 from kernel_sentinel.family import Family
 from kernel_sentinel.generic import error_text
@@ -145,16 +145,18 @@ def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
 
 
 def _run_unit(family_name: str, route_id: str, dtype: str,
-              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]]]:
+              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], dict]:
     """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome), with
-    the worker's GPU, the unit's wall time and, under ``--coverage``, the lines this worker has run so far."""
+    the worker's GPU, the unit's wall time, under ``--coverage`` the lines this worker has run so far, and under
+    ``--profile`` the unit's launch counts (:func:`kernel_sentinel.profile.take`)."""
     watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
     watch.daemon = True
     watch.start()
     start = time.perf_counter()
     try:
         result = _unit_result(family_name, route_id, dtype, unit)
-        return result, _gpu, time.perf_counter() - start, None if _measured is None else _measured.executed()
+        lines = None if _measured is None else _measured.executed()
+        return result, _gpu, time.perf_counter() - start, lines, profile.take()
     finally:
         watch.cancel()
 
@@ -167,7 +169,8 @@ def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> Rout
         return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
     run = RouteRun(family, route_id, _options, torch_dtype)
     start = time.perf_counter()
-    note, measured = rows.property_outcome(run, rows.route_properties(run)[unit])
+    with rows.profiled(_options, (family_name, route_id, dtype, "properties")):
+        note, measured = rows.property_outcome(run, rows.route_properties(run)[unit])
     return note, measured, time.perf_counter() - start
 
 
@@ -251,9 +254,10 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
                 i, unit = futures[future]
                 row = pending[i]
                 try:
-                    value, gpu, seconds, lines = future.result()
+                    value, gpu, seconds, lines, launches = future.result()
                     if measurement is not None and lines is not None:
                         measurement.add(lines)
+                    profile.add(launches)
                     done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
                     row.record(unit, value)
                 except BrokenProcessPool as exc:
