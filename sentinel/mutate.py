@@ -883,7 +883,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("mutate", help="plant bugs in kernel sources and measure how many verify catches",
+    from kernel_sentinel.cli import COMMANDS
+
+    p = subparsers.add_parser("mutate", help=COMMANDS["mutate"][1],
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families (default: all)")
     p.add_argument("--files", nargs="+", action="extend", metavar="GLOB",

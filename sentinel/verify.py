@@ -180,10 +180,12 @@ def resolve_jobs(jobs: int | str, units: int) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kernel_sentinel.cli import COMMANDS
+
     from kernel_sentinel.device import DEVICE_CHOICES
 
     p = subparsers.add_parser(
-        "verify", help="run every dispatch route and cross-check it",
+        "verify", help=COMMANDS["verify"][1],
         description=__doc__.split("\n\n")[0] + " Exit 0 when every selected route ran and passed, 1 on any "
         "failure (also when no route ran), 2 on usage errors (unknown family, a --route glob matching no route).")
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: all)")
