@@ -167,23 +167,36 @@ def check_exact(run: RouteRun, repro: str) -> CheckResult:
 def falsify(prop: Property, route_id: str, options: Options,
             dtype: torch.dtype) -> Optional[tuple[Any, BaseException]]:
     """Run ``prop`` under hypothesis (seeded, shrinking); ``None`` when it holds, else the minimal failing
-    example and its error."""
+    example and its error. Each example runs with allocations poisoned (:func:`provable_kernels.alloc.poisoned`:
+    fresh workspaces, NaN where nothing is written), so that its outcome does not depend on what earlier runs left
+    in memory; a failure that still does not happen again when hypothesis replays the example (hypothesis's
+    ``Flaky``) is reported as the failure it was, with the example, the error and that note."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+    from hypothesis.errors import Flaky
 
     last: dict[str, Any] = {}
 
     def body(example: Any) -> None:
         last["example"] = example
-        prop.check(route_id, example, options.device, dtype)
+        with alloc.poisoned():
+            prop.check(route_id, example, options.device, dtype)
 
     try:  # building the strategy can raise too: a failure of this property, like one of its examples
         test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
                         phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False,
                         suppress_health_check=list(HealthCheck), print_blob=False)(given(prop.example())(body))
         seed(options.seed)(test)()
+    except Flaky as exc:  # failed, then passed on the replay: the first failure, with what happened
+        first = next(iter(getattr(exc, "exceptions", ())), exc)
+        return last.get("example"), StateDependent(f"{error_text(first)} (it failed when first run and passed when "
+                                                   f"run again: its outcome depends on state outside the example)")
     except Exception as exc:  # the minimal example is the last one hypothesis ran before re-raising
         return last.get("example"), exc
     return None
+
+
+class StateDependent(AssertionError):
+    """A property's failure that did not happen again on the replay of its example."""
 
 
 def route_properties(run: RouteRun) -> list[Property]:
