@@ -86,9 +86,10 @@ class RouteRun:
         return self._cases[size]
 
     def outputs(self, size: str) -> Outputs:
+        """The outputs of the case of ``size``: those of its probe's baseline run (one run serves every check)."""
         if size not in self._outputs:
             try:
-                self._outputs[size] = run_route(self.family.run, self.case(size))
+                self._outputs[size] = self.probe(size).baseline()[2]
             except Exception as exc:  # kept: every later check on this size reports the same failure
                 self._outputs[size] = exc
         result = self._outputs[size]
@@ -424,7 +425,8 @@ def check_opcheck(run: RouteRun, repro: str) -> CheckResult:
 
 def check_observed(run: RouteRun, repro: str) -> CheckResult:
     size = "small"  # --quick too: at tiny sizes a kernel may have nothing to do (segment's long segments)
-    verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed)
+    verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed,
+                      kernels=run.probe(size).kernels())
     return _summarized("observed", verdict.problems, verdict.summary, (), repro)
 
 
