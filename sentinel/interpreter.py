@@ -33,14 +33,14 @@ def builtin_names(pkg: Any) -> tuple[str, ...]:
 
 def _patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
     """Triton's ``interpreter._patch_builtin`` over :func:`builtin_names` (a member already patched is no builtin:
-    it is skipped, as Triton's own loop skips it)."""
-    from triton.language.core import is_builtin
+    it is skipped, as Triton's own loop skips it; ``is_builtin`` is Triton's test, read inline)."""
+    from triton.language.core import TRITON_BUILTIN
     from triton.runtime import interpreter
 
-    for name in builtin_names(pkg):
-        member = getattr(pkg, name)
-        if is_builtin(member):
-            interpreter._patch_attr(pkg, name, member, builder, scope)
+    members = [(name, member) for name in builtin_names(pkg)
+               if getattr(member := getattr(pkg, name), TRITON_BUILTIN, False)]
+    for name, member in members:
+        interpreter._patch_attr(pkg, name, member, builder, scope)
 
 
 def install() -> bool:
