@@ -2,9 +2,10 @@
 
 Every check of every row is timed already (``CheckResult.seconds``: wall time, properties summed over their
 ``--jobs`` units). With ``--profile`` each check also counts the Triton kernel launches it makes in the process
-that runs it (:func:`counting`, keyed ``(family, route id, dtype, check)``); under the interpreter a launch is the
-unit of cost. Launches inside child processes (``observed``'s kernel-less runs, forked one per kernel) are not
-counted: they show in the check's seconds only. A ``--jobs`` worker sends its counts back with each unit
+that runs it and that process's CPU time (:func:`counting`, keyed ``(family, route id, dtype, check)``): under the
+interpreter a launch is the unit of cost, and on a shared machine the CPU time is what the check would take alone.
+Launches and CPU time inside child processes (``observed``'s kernel-less runs, forked one per kernel) are not
+counted: they show in the check's wall seconds only. A ``--jobs`` worker sends its counts back with each unit
 (:func:`take`, :func:`add`).
 
 :func:`summary` is the profile as the JSON report holds it (``profile``): the run's wall time, then per check,
@@ -14,6 +15,7 @@ per family and per row the seconds (summed over the rows, in the verifying proce
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 from kernel_sentinel.records import RouteResult
@@ -21,69 +23,76 @@ from kernel_sentinel.records import RouteResult
 Key = tuple[str, str, str, str]  # family, route id, dtype, check
 ROWS_SHOWN = 15  # the most expensive rows printed (the JSON report holds them all)
 
-_launches: dict[Key, int] = {}  # this process's counts since the last take()
+Counts = dict[Key, tuple[int, float]]  # launches, CPU seconds
+_counts: Counts = {}  # this process's counts since the last take()
 
 
 @contextlib.contextmanager
 def counting(key: Key) -> Iterator[None]:
-    """Count the Triton launches made inside the block (this process) under ``key``."""
+    """Count the Triton launches made inside the block and its CPU time (this process) under ``key``."""
     from kernel_sentinel.observed import kernel_launches
 
+    start = time.process_time()
     with kernel_launches() as launched:
         try:
             yield
         finally:
-            _launches[key] = _launches.get(key, 0) + len(launched)
+            add({key: (len(launched), time.process_time() - start)})
 
 
-def take() -> dict[Key, int]:
+def take() -> Counts:
     """The counts made in this process since the last call, removed from it."""
-    taken = dict(_launches)
-    _launches.clear()
+    taken = dict(_counts)
+    _counts.clear()
     return taken
 
 
-def add(counts: Mapping[Key, int]) -> None:
+def add(counts: Mapping[Key, tuple[int, float]]) -> None:
     """Add a worker's counts (:func:`take` there) to this process's."""
-    for key, n in counts.items():
-        _launches[key] = _launches.get(key, 0) + n
+    for key, (n, cpu) in counts.items():
+        was = _counts.get(key, (0, 0.0))
+        _counts[key] = was[0] + n, was[1] + cpu
 
 
-def _entry(name: str, seconds: float, launches: int, total: float) -> dict[str, Any]:
+def _entry(name: str, seconds: float, launches: int, cpu: float, total: float) -> dict[str, Any]:
     return {"name": name, "seconds": round(seconds, 2), "share": round(seconds / total, 4) if total else 0.0,
-            "launches": launches}
+            "launches": launches, "cpu_seconds": round(cpu, 2)}
 
 
-def summary(results: Sequence[RouteResult], launches: Mapping[Key, int], wall_seconds: float) -> dict[str, Any]:
-    """The profile of ``results`` with the launch counts ``launches`` (:func:`take`) and the run's wall time:
-    ``checks``, ``families`` and ``rows`` (each entry its ``seconds``, ``share`` of all checks' seconds and
-    ``launches``; a row also its checks'), largest first."""
+def summary(results: Sequence[RouteResult], counts: Mapping[Key, tuple[int, float]],
+            wall_seconds: float) -> dict[str, Any]:
+    """The profile of ``results`` with the counts ``counts`` (:func:`take`) and the run's wall time: ``checks``,
+    ``families`` and ``rows`` (each entry its wall ``seconds``, ``share`` of all checks' seconds, ``launches`` and
+    ``cpu_seconds``; a row also its checks'), largest first."""
     checks: dict[str, list[float]] = {}
     families: dict[str, list[float]] = {}
     rows = []
     for result in results:
         row_checks = {}
         for check in result.checks:
-            seconds, n = check.seconds or 0.0, launches.get((result.family, result.id, result.dtype, check.name), 0)
-            row_checks[check.name] = {"seconds": round(seconds, 2), "launches": n}
+            n, cpu = counts.get((result.family, result.id, result.dtype, check.name), (0, 0.0))
+            seconds = check.seconds or 0.0
+            row_checks[check.name] = {"seconds": round(seconds, 2), "launches": n, "cpu_seconds": round(cpu, 2)}
             for totals, name in ((checks, check.name), (families, result.family)):
-                totals.setdefault(name, [0.0, 0])
+                totals.setdefault(name, [0.0, 0, 0.0])
                 totals[name][0] += seconds
                 totals[name][1] += n
+                totals[name][2] += cpu
         rows.append({"family": result.family, "route": result.id, "dtype": result.dtype,
-                     "seconds": sum(c["seconds"] for c in row_checks.values()),
-                     "launches": sum(c["launches"] for c in row_checks.values()), "checks": row_checks})
-    total = sum(seconds for seconds, _ in checks.values())
+                     **{k: sum(c[k] for c in row_checks.values()) for k in ("seconds", "launches", "cpu_seconds")},
+                     "checks": row_checks})
+    total = sum(seconds for seconds, _, _ in checks.values())
 
     def ranked(totals: dict[str, list[float]]) -> list[dict[str, Any]]:
-        return sorted((_entry(name, s, int(n), total) for name, (s, n) in totals.items()),
+        return sorted((_entry(name, s, int(n), cpu, total) for name, (s, n, cpu) in totals.items()),
                       key=lambda e: -e["seconds"])
 
     for row in rows:
-        row["seconds"] = round(row["seconds"], 2)
+        row["seconds"], row["cpu_seconds"] = round(row["seconds"], 2), round(row["cpu_seconds"], 2)
         row["share"] = round(row["seconds"] / total, 4) if total else 0.0
     return {"wall_seconds": round(wall_seconds, 2), "check_seconds": round(total, 2),
-            "launches": sum(int(n) for _, n in checks.values()), "rows_verified": len(rows),
+            "cpu_seconds": round(sum(cpu for _, _, cpu in checks.values()), 2),
+            "launches": sum(int(n) for _, n, _ in checks.values()), "rows_verified": len(rows),
             "checks": ranked(checks), "families": ranked(families),
             "rows": sorted(rows, key=lambda r: -r["seconds"])}
 
@@ -93,22 +102,23 @@ def tables(profile: Mapping[str, Any]) -> list[Any]:
     expensive rows."""
     from rich.table import Table
 
-    out: list[Any] = [f"profile: {profile['rows_verified']} rows, {profile['check_seconds']:.1f} s in checks, wall "
-                      f"{profile['wall_seconds']:.1f} s, {profile['launches']} Triton launches (in the verifying "
-                      f"processes)"]
+    out: list[Any] = [f"profile: {profile['rows_verified']} rows, {profile['check_seconds']:.1f} s in checks "
+                      f"({profile['cpu_seconds']:.1f} s CPU), wall {profile['wall_seconds']:.1f} s, "
+                      f"{profile['launches']} Triton launches (launches and CPU: in the verifying processes)"]
     for what, entries in (("check", profile["checks"]), ("family", profile["families"])):
         table = Table()
-        for column in (what, "seconds", "share", "launches"):
+        for column in (what, "seconds", "share", "CPU seconds", "launches"):
             table.add_column(column, justify="left" if column == what else "right")
         for e in entries:
-            table.add_row(e["name"], f"{e['seconds']:.1f}", f"{100 * e['share']:.1f} %", str(e["launches"]))
+            table.add_row(e["name"], f"{e['seconds']:.1f}", f"{100 * e['share']:.1f} %", f"{e['cpu_seconds']:.1f}",
+                          str(e["launches"]))
         out.append(table)
     table = Table(title=f"the {min(ROWS_SHOWN, len(profile['rows']))} most expensive rows")
-    for column in ("row", "seconds", "launches", "largest checks (s)"):
+    for column in ("row", "seconds", "CPU seconds", "launches", "largest checks (s)"):
         table.add_column(column, justify="left" if column in ("row", "largest checks (s)") else "right")
     for row in profile["rows"][:ROWS_SHOWN]:
         largest = sorted(row["checks"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
-        table.add_row(f"{row['route']} {row['dtype']}", f"{row['seconds']:.1f}", str(row["launches"]),
-                      ", ".join(f"{name} {c['seconds']:.1f}" for name, c in largest))
+        table.add_row(f"{row['route']} {row['dtype']}", f"{row['seconds']:.1f}", f"{row['cpu_seconds']:.1f}",
+                      str(row["launches"]), ", ".join(f"{name} {c['seconds']:.1f}" for name, c in largest))
     out.append(table)
     return out

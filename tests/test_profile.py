@@ -18,14 +18,15 @@ def row(family: str, route: str, seconds: dict[str, float]) -> RouteResult:
 
 def test_summary_sums_seconds_and_launches_per_check_family_and_row_largest_first():
     results = [row("a", "a.one", {"route": 1.0, "memory": 5.0}), row("b", "b.one", {"route": 2.0, "memory": 0.5})]
-    launches = {("a", "a.one", "float32", "memory"): 7, ("b", "b.one", "float32", "route"): 2}
-    got = profile.summary(results, launches, 9.0)
+    counts = {("a", "a.one", "float32", "memory"): (7, 4.0), ("b", "b.one", "float32", "route"): (2, 1.5)}
+    got = profile.summary(results, counts, 9.0)
     assert (got["wall_seconds"], got["check_seconds"], got["launches"], got["rows_verified"]) == (9.0, 8.5, 9, 2)
+    assert got["cpu_seconds"] == 5.5 and [c["cpu_seconds"] for c in got["checks"]] == [4.0, 1.5]
     assert [(c["name"], c["seconds"], c["launches"]) for c in got["checks"]] == [("memory", 5.5, 7), ("route", 3.0, 2)]
     assert [(f["name"], f["seconds"], f["share"]) for f in got["families"]] == [("a", 6.0, round(6 / 8.5, 4)),
                                                                                ("b", 2.5, round(2.5 / 8.5, 4))]
     assert [(r["route"], r["seconds"], r["launches"]) for r in got["rows"]] == [("a.one", 6.0, 7), ("b.one", 2.5, 2)]
-    assert got["rows"][0]["checks"]["memory"] == {"seconds": 5.0, "launches": 7}
+    assert got["rows"][0]["checks"]["memory"] == {"seconds": 5.0, "launches": 7, "cpu_seconds": 4.0}
 
 
 def test_counting_counts_launches_under_its_key_and_take_empties_them():
@@ -43,8 +44,9 @@ def test_counting_counts_launches_under_its_key_and_take_empties_them():
     with profile.counting(key):
         for _ in range(3):
             launcher[(1,)]()
-    profile.add({key: 2})
-    assert profile.take() == {key: 5} and profile.take() == {}
+    profile.add({key: (2, 1.0)})
+    (launches, cpu), = profile.take().values()
+    assert launches == 5 and cpu >= 1.0 and profile.take() == {}
 
 
 @pytest.fixture
