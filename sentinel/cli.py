@@ -38,6 +38,9 @@ def build_parser(command: Optional[str] = None) -> tuple[argparse.ArgumentParser
         owners[name] = importlib.import_module(module_name)
         owners[name].register(subparsers)
     for sub in subparsers.choices.values():  # help is terminal text: the docstrings' markup goes
+        sub.add_argument("--family-path", action="append", default=[], metavar="DIR",
+                         help="also find families in DIR (each <DIR>/<name>/family.py; repeatable; added to "
+                              "SENTINEL_FAMILY_PATH)")
         sub.description = sub.description and plain(sub.description)
         for action in sub._actions:
             action.help = action.help and plain(action.help)
@@ -54,6 +57,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         device.prepare(getattr(args, "device", "auto"))
     except ValueError as exc:
+        return console.usage_error(str(exc))
+    from kernel_sentinel import registry
+
+    registry.add_to_search_path(args.family_path)
+    try:
+        registry.search_path()
+    except registry.SearchPathError as exc:
         return console.usage_error(str(exc))
     return owners[args.command].run(args)
 

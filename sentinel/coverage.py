@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.family import Family, project_root
 
 MARKER = re.compile(r"#\s*verify:\s*unreached\b\s*(?:\((?P<reason>.*)\))?")
 VERIFIER_SIDE = ("family.py", "family_*.py", "oracle.py")  # registration with sentinel (and its parts), oracle
@@ -49,7 +49,8 @@ def kernel_sources(family: Family) -> list[Path]:
     family's package: its registration (``family.py`` and its parts ``family_*.py``) and its ``oracle.py``."""
     package = Path(next(iter(family.package.__path__))).resolve()
     return [p for p in family.source_files()
-            if not (_absolute(p).parent == package and any(fnmatch.fnmatch(p.name, g) for g in VERIFIER_SIDE))]
+            if not (_absolute(p, family.root).parent == package
+                    and any(fnmatch.fnmatch(p.name, g) for g in VERIFIER_SIDE))]
 
 
 def kernel_root() -> Path:
@@ -59,8 +60,9 @@ def kernel_root() -> Path:
     return Path(next(iter(provable_kernels.__path__))).resolve()
 
 
-def _absolute(path: Path) -> Path:
-    return (path if path.is_absolute() else REPO_ROOT / path).resolve()
+def _absolute(path: Path, root: Optional[Path] = None) -> Path:
+    """``path`` made absolute: relative paths are relative to ``root`` (default: the repository sentinel works in)."""
+    return (path if path.is_absolute() else (root or project_root()) / path).resolve()
 
 
 # ------------------------------------------------------------------------------------------------ measurement

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from kernel_sentinel.family import REPO_ROOT
+from kernel_sentinel.family import project_root
 from kernel_sentinel.records import NOT_APPLICABLE, blob_ids, cross_device, git, gpus, row_key
 
 MUTATION_DIR_NAME = "mutation"
@@ -160,7 +160,7 @@ def _blob_at(commit: str, path: str) -> str:
 def mutation_is_current(mutation: Mapping[str, Any]) -> bool:
     """True when every file the mutation record sampled (``files``) is as it was at the record's commit."""
     paths = sorted(mutation.get("files", {}))
-    now = blob_ids([Path(p) for p in paths if (REPO_ROOT / p).is_file()])
+    now = blob_ids([Path(p) for p in paths if (project_root() / p).is_file()])
     return all(_blob_at(mutation["commit"], p) == now.get(p, "gone") for p in paths)
 
 

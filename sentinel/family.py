@@ -33,9 +33,13 @@ covers it) and ``known_issues`` (:class:`KnownIssue`; a plain string is shown un
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import fnmatch
+import functools
 import inspect
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +50,44 @@ import torch
 
 from provable_kernels.dispatch import Route, Tree
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout sentinel runs from: its own families' repository
 
 Outputs = Mapping[str, torch.Tensor]
+
+_ROOT: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("sentinel_root", default=None)
+
+
+@functools.lru_cache(maxsize=None)
+def repository_of(path: Path) -> Optional[Path]:
+    """The top level of the git repository holding ``path`` (a directory), or None when no repository does."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
+    except OSError:  # no git, or no such directory
+        return None
+    return Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def current_repository() -> Path:
+    """The repository of the current directory (its git top level; the directory itself outside any repository)."""
+    here = Path.cwd().resolve()
+    return repository_of(here) or here
+
+
+def project_root() -> Path:
+    """The repository sentinel works in now: the one :func:`rooted` set (the root of the families a command
+    handles), else the current directory's (:func:`current_repository`). Traces, records and the paths of a
+    registration (invariant tests, sources) are relative to it."""
+    return _ROOT.get() or current_repository()
+
+
+@contextlib.contextmanager
+def rooted(root: Path):
+    """Work in the repository ``root`` (:func:`project_root`) inside the ``with`` block."""
+    token = _ROOT.set(Path(root).resolve())
+    try:
+        yield
+    finally:
+        _ROOT.reset(token)
 
 
 def matches(route_id: str, globs: Sequence[str]) -> bool:
@@ -56,12 +95,12 @@ def matches(route_id: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(route_id, g) for g in globs)
 
 
-def _test_function(node_id: str, root: Path = REPO_ROOT) -> Optional[ast.AST]:
+def _test_function(node_id: str, root: Optional[Path] = None) -> Optional[ast.AST]:
     """The definition of the test that the pytest node id ``path.py::test_name`` (or ``path.py::TestClass::test_name``,
     a ``[param]`` suffix ignored) names, if pytest would collect it (``test*`` functions, ``Test*`` classes) from
     that file, found by parsing it with ``ast`` (no pytest run); else None."""
     path, _, rest = node_id.partition("::")
-    file = root / path
+    file = (root or project_root()) / path
     if not rest or not file.is_file():
         return None
     scope: Sequence[ast.stmt] = ast.parse(file.read_text()).body
@@ -77,12 +116,13 @@ def _test_function(node_id: str, root: Path = REPO_ROOT) -> Optional[ast.AST]:
                 None)
 
 
-def node_exists(node_id: str, root: Path = REPO_ROOT) -> bool:
-    """True when the pytest node id names a test pytest would collect (:func:`_test_function`)."""
+def node_exists(node_id: str, root: Optional[Path] = None) -> bool:
+    """True when the pytest node id (its path relative to ``root``, default :func:`project_root`) names a test
+    pytest would collect (:func:`_test_function`)."""
     return _test_function(node_id, root) is not None
 
 
-def statement_of(node_id: str, root: Path = REPO_ROOT) -> Optional[str]:
+def statement_of(node_id: str, root: Optional[Path] = None) -> Optional[str]:
     """The first paragraph of the docstring of the test ``node_id`` names (what it checks, in one statement), its
     lines joined; None when the test does not exist or has no docstring."""
     found = _test_function(node_id, root)
@@ -254,6 +294,19 @@ class Aliasing:
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """A kernel's block along one dimension of an argument, declared so that the fixed cases cross a block edge:
+    on the routes matching ``routes``, the cases of each size in ``sizes`` must have ``argument.shape[dim] >
+    block`` (two blocks or more), so a mask or loop between blocks runs without a lucky random example."""
+
+    routes: tuple[str, ...]
+    argument: str
+    dim: int
+    block: int
+    sizes: tuple[str, ...] = ("small",)
+
+
+@dataclass(frozen=True)
 class LayoutRejection:
     """A declared exception to the generic ``layouts`` check: on the routes matching ``routes``, tensor argument
     ``argument`` passed in layout ``layout`` (``transposed``, ``strided``, ``offset`` or ``expanded``) is rejected
@@ -355,6 +408,8 @@ class Family:
     failure_modes: Sequence[FailureMode] = ()
     more_trees: Sequence[Tree] = ()
     batch_items: Sequence[BatchItems] = ()
+    root: Path = field(default_factory=project_root)  # the family's repository: its paths are relative to it
+    blocks: Sequence[Blocks] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]
@@ -383,18 +438,42 @@ class Family:
     def source_files(self) -> list[Path]:
         """Every file whose change can change this family's behaviour: the ``.py`` files of the family package and
         every module of the kernel library they import, transitively (import statements read with ``ast``, at
-        module top and inside functions; parent packages' ``__init__.py`` included). Sorted; paths relative to
-        the repository root (absolute for files outside it)."""
-        return sorted(_relative(p) for p in imported_files(self.package))
+        module top and inside functions; parent packages' ``__init__.py`` included), that lie in the family's
+        repository (``root``). Sorted; paths relative to ``root``. Files outside it are installed packages (the
+        kernel library of a family in another repository, say): records name them by version
+        (:func:`kernel_sentinel.records.versions`)."""
+        return self._inside_root(imported_files(self.package))
 
     def runtime_files(self) -> list[Path]:
         """The files ``import <family package>`` loads, transitively: what a user's call runs (the registration
         modules and the oracle only when the package itself imports them). Benchmarks go stale with these."""
-        return sorted(_relative(p) for p in imported_files(self.package, runtime=True))
+        return self._inside_root(imported_files(self.package, runtime=True))
+
+    def _inside_root(self, files: set[Path]) -> list[Path]:
+        root = self.root.resolve()
+        return sorted(p.relative_to(root) for p in files if p.is_relative_to(root))
+
+    def one_block_cases(self) -> list[str]:
+        """What the fixed cases leave inside one block (:class:`Blocks`): one line per route, size and argument
+        whose case does not reach a second block."""
+        found = []
+        for blocks in self.blocks:
+            for route in (r for r in self.routes() if matches(r.id, blocks.routes)):
+                for size in blocks.sizes:
+                    case = self.make_case(route.id, size=size, dtype=self.dtypes[0], device=torch.device("cpu"),
+                                          seed=0)
+                    x = case.kwargs.get(blocks.argument)
+                    if not isinstance(x, torch.Tensor):
+                        found.append(f"{route.id} ({size}): the case has no tensor {blocks.argument!r} (BLOCKS)")
+                    elif x.shape[blocks.dim] <= blocks.block:
+                        found.append(f"{route.id} ({size}): {blocks.argument}.shape[{blocks.dim}] = "
+                                     f"{x.shape[blocks.dim]} fits in one block of {blocks.block}: make SIZES[{size!r}] "
+                                     f"span two blocks, so that the edge between them runs")
+        return found
 
     def missing_tests(self) -> list[str]:
-        """Node ids of declared invariants whose test does not exist."""
-        return [inv.test for inv in self.invariants if not node_exists(inv.test)]
+        """Node ids of declared invariants whose test does not exist (paths relative to ``root``)."""
+        return [inv.test for inv in self.invariants if not node_exists(inv.test, self.root)]
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         """The tolerance of ``dtype`` (``KeyError`` when the family declares none)."""
@@ -406,10 +485,6 @@ class Family:
 # ------------------------------------------------------------------------------------------- source files
 
 KERNELS_PACKAGE = "provable_kernels"
-
-
-def _relative(path: Path) -> Path:
-    return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
 
 
 def _package_dir(name: str) -> Optional[Path]:

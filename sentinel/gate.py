@@ -37,7 +37,7 @@ from rich.table import Table
 
 from kernel_sentinel import console, records, registry, trace
 from kernel_sentinel.outputs import unwritable
-from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.family import Family, project_root, rooted
 from kernel_sentinel.report import JUnitCase, junit_tree, save_junit
 
 GLOBAL_INPUTS = ("sentinel/", "pyproject.toml")
@@ -102,7 +102,7 @@ def affected(family: Family, changed: Sequence[str]) -> list[str]:
 
 def triton_sources(family: Family) -> list[str]:
     """The family's source files that define Triton kernels."""
-    return [p.as_posix() for p in family.source_files() if "@triton.jit" in (REPO_ROOT / p).read_text()]
+    return [p.as_posix() for p in family.source_files() if "@triton.jit" in (family.root / p).read_text()]
 
 
 # ------------------------------------------------------------------------------------------------------ steps
@@ -172,7 +172,8 @@ def gpu_record_step(family: Family) -> Step:
 
 
 def _sentinel(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernel_sentinel", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kernel_sentinel", *args], cwd=project_root(), capture_output=True,
+                          text=True)
 
 
 def verify_step(family: Family, quick: bool) -> Step:
@@ -198,12 +199,12 @@ def verify_step(family: Family, quick: bool) -> Step:
 def trace_step(families: Sequence[Family]) -> Step:
     """The check of ``sentinel trace --check``, in this process."""
     try:
-        found = trace.drift(trace.generate(families), trace.TRACES_DIR)
+        found = trace.drift(trace.generate(families), trace.traces_dir())
     except (RuntimeError, ValueError) as exc:  # TraceError, git failing, no family at all
         return Step("trace-check", "*", False, f"the traces cannot be generated: {exc}")
     if not found:
         return Step("trace-check", "*", True, "traces match the code")
-    stale = ", ".join(f"{(trace.TRACES_DIR / d.path).relative_to(REPO_ROOT)} ({d.kind})" for d in found)
+    stale = ", ".join(f"{(trace.traces_dir() / d.path).relative_to(project_root())} ({d.kind})" for d in found)
     evidence = _clip("".join(d.diff for d in found), keep_end=False)
     return Step("trace-check", "*", False, f"traces out of date: {stale}: {TRACE_HINT}\n{evidence}".strip())
 
@@ -217,22 +218,25 @@ def run_gate(base: Optional[str], quick: bool, cpu_verify: bool = True
     every step's outcome (``cpu_verify``: with the CPU verification of each affected family)."""
     changed = changed_files(base) if base is not None else []
     try:
-        families = registry.families()
-    except Exception as exc:  # a broken family.py: report it like any other failure
-        return changed, {}, [Step("registry", "*", False, f"cannot load the kernel families: "
-                                  f"{type(exc).__name__}: {exc}: fix the family's family.py")]
+        families, broken = registry.select_with_broken(None)
+    except ValueError as exc:  # two families of one name
+        return changed, {}, [Step("registry", "*", False, f"cannot load the kernel families: {exc}")]
+    steps = [Step("registry", b.name, False, f"family {b.name} failed to load ({b.where}): {b.error}: fix its "
+                  f"registration") for b in broken]
     if base is None:
         reasons = {f.name: ["no --base: every family"] for f in families}
     else:
         reasons = {f.name: files for f in families if (files := affected(f, changed))}
-    steps = []
     for family in families:
         if family.name in reasons:
-            if cpu_verify:
-                steps.append(verify_step(family, quick))
-            if triton_sources(family):
-                steps.append(gpu_record_step(family))
-    steps.append(trace_step(families))
+            with rooted(family.root):
+                if cpu_verify:
+                    steps.append(verify_step(family, quick))
+                if triton_sources(family):
+                    steps.append(gpu_record_step(family))
+    for root, group in registry.by_root(families).items():
+        with rooted(root):
+            steps.append(trace_step(group))
     return changed, reasons, steps
 
 

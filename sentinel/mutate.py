@@ -1032,11 +1032,9 @@ def rescore_records(families: Sequence[Any]) -> int:
     sampled files changed since its commit."""
     from kernel_sentinel import records
     from kernel_sentinel.dashboard import MUTATION_DIR_NAME, mutation_is_current
-    from kernel_sentinel.family import REPO_ROOT
-
     failed = False
     for family in families:
-        path = REPO_ROOT / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
+        path = family.root / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
         record = json.loads(path.read_text()) if path.is_file() else None
         if record is None or not mutation_is_current(record):
             why = "no mutation record" if record is None else "the sampled files changed since the record"
@@ -1044,20 +1042,20 @@ def rescore_records(families: Sequence[Any]) -> int:
             failed = True
             continue
         equivalents = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)
-        summary = rescore(record, equivalents, REPO_ROOT)
+        summary = rescore(record, equivalents, family.root)
         print_summary(summary)
         if summary["survivors"] == record["survivors"]:
-            console.err.print(f"{path.relative_to(REPO_ROOT)}: no survivor listed since; unchanged")
+            console.err.print(f"{path.relative_to(family.root)}: no survivor listed since; unchanged")
             continue
         path.write_text(records.dumps(summary))
-        console.err.print(f"rescored {path.relative_to(REPO_ROOT)}")
+        console.err.print(f"rescored {path.relative_to(family.root)}")
     return 1 if failed else 0
 
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import records, registry
     from kernel_sentinel.dashboard import MUTATION_DIR_NAME
-    from kernel_sentinel.family import REPO_ROOT, matches
+    from kernel_sentinel.family import matches, rooted
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill`, `timeout`: stop like Ctrl-C, copies removed
     if args.n is not None and args.n < 1:
@@ -1085,9 +1083,10 @@ def run(args: argparse.Namespace) -> int:
         return rescore_records(families)
     summaries, failed = [], False
     for family in families:
-        commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end
+        with rooted(family.root):
+            commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end
         try:
-            summary = mutate_family(family, args, REPO_ROOT)
+            summary = mutate_family(family, args, family.root)
         except RuntimeError as exc:
             console.err.print(f"[bold red]{family.name}:[/] {exc}", highlight=False)
             failed = True
@@ -1103,10 +1102,10 @@ def run(args: argparse.Namespace) -> int:
                               f"{args.min_kill:g}%", highlight=False)
             failed = True
         if args.record:
-            path = REPO_ROOT / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
+            path = family.root / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(records.dumps({k: v for k, v in summary.items() if k != "mutants"}))
-            console.err.print(f"recorded {path.relative_to(REPO_ROOT)}")
+            console.err.print(f"recorded {path.relative_to(family.root)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")

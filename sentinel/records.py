@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from kernel_sentinel.family import REPO_ROOT, Family
+from kernel_sentinel.family import Family, project_root
 
 RECORD_DIR = Path("traces") / "verification"
 NOT_APPLICABLE = "not applicable: "  # a passing check's detail starts with it when it had nothing to check
@@ -113,8 +113,9 @@ def row_key(route: dict[str, Any]) -> tuple[str, str]:
 
 
 def git(*args: str) -> str:
-    """Output of ``git <args>`` in the repository root (stripped); raises ``RuntimeError`` when git fails."""
-    done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    """Output of ``git <args>`` in the repository sentinel works in (:func:`~kernel_sentinel.family.project_root`;
+    stripped); raises ``RuntimeError`` when git fails."""
+    done = subprocess.run(["git", *args], cwd=project_root(), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -197,8 +198,8 @@ def versions() -> dict[str, str]:
 
 
 def record_dir() -> Path:
-    """Where records live: ``traces/verification`` under the repository root."""
-    return REPO_ROOT / RECORD_DIR
+    """Where records live: ``traces/verification`` in the repository sentinel works in."""
+    return project_root() / RECORD_DIR
 
 
 def record_path(family: str, device: dict[str, str]) -> Path:

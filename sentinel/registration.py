@@ -1,98 +1,28 @@
 """Reads a family's registration and builds the :class:`~kernel_sentinel.family.Family` that sentinel verifies.
 
-A registration is the module ``kernels/<name>/family.py`` (found by :mod:`kernel_sentinel.registry`): data and plain
-functions, written with torch and the family's own modules. It imports nothing of sentinel and no hypothesis;
-everything generic (building cases, weighted gradients, float64 copies, standard bad inputs, finite differences,
-comparisons) is here. The family's name is its package's (the folder of ``family.py``); its summary is the
-package docstring.
+A registration is a package's ``family.py`` (found by :mod:`kernel_sentinel.registry`): data and plain functions,
+written with torch and the family's own modules. It imports nothing of sentinel and no hypothesis; everything generic
+(building cases, weighted gradients, float64 copies, standard bad inputs, finite differences, comparisons) is here.
+Every name a registration may declare, and what each means, is on the guide page ``traces/guide/registration.md``
+(the schema: :mod:`kernel_sentinel.schema` checks each registration against it on load).
 
-Family-wide names, read from ``family.py``:
-
-- ``TOLERANCES``: ``{dtype: (atol, rtol)}``: the verified dtypes, in order, and the error allowed against the
-  float64 reference (``|x - ref| <= atol + rtol * |ref|``).
-- ``INVARIANTS``: the tests that check the family's promises, as pytest node ids or ``{test file: test names}``,
-  each promise stated by the first paragraph of its test's docstring (one statement, in one place).
-  ``GUARDS``: ``(text, function where the guard is)`` pairs. ``KNOWN_ISSUES``: texts (shown unrated) or ``(text,
-  severity, frequency, resolution[, commit that resolved it])``.
-- ``FAILURE_MODES``: ``{symptom: (page to read first, second page, what covers it[, routes])}`` (pages relative to
-  ``traces/``); the verify checks that show each symptom are sentinel's (``family.SYMPTOMS``), and "wrong route
-  taken" leads to the family's decision tree unless declared.
-- ``ALIASING`` and ``REJECTED_LAYOUTS`` (optional): the fields of
-  :class:`~kernel_sentinel.family.Aliasing` / :class:`~kernel_sentinel.family.LayoutRejection`, as tuples.
-- ``PARTS`` (optional): the names of more modules of the package like ``family.py``, one per further dispatch tree
-  (the semi-CRF's ``family_head`` and ``family_exact``); each declares the names below for its tree's routes and may
-  import ``family.py``.
-
-Names of a part (``family.py`` is the first), for its ``TREE``'s routes:
-
-- ``TREE`` and ``ENTRY_POINTS`` (``{name: function}``).
-- ``SIZES``: ``{"small": problem, "tiny": problem}``, a problem being a dict of named sizes and options (sentinel
-  adds ``seed``; functions receive it as a :class:`~kernel_sentinel.family.Problem`, keys read as attributes).
-  ``fit(route_id, problem, device)`` (optional) returns the problem a route's case is built from, given a size's or
-  an example's.
-- ``case(route_id, problem, gen, device)`` returns ``(entry, kwargs, upstream)``: the entry point's name, its
-  arguments with floating tensors in float64 (drawn from the generator ``gen``, seeded with ``problem.seed``) and
-  the upstream weight of each output on a training route (empty otherwise). Sentinel casts floating tensors to
-  the row's dtype and device (modules too), moves other tensors to the device, and makes every floating tensor
-  argument require grad when there are upstream weights.
-- ``outputs(result, case)`` (optional): the named outputs of the entry point's result (default ``{"value":
-  result}``); sentinel adds the weighted gradients ``grad_<argument>``.
-- ``reference(kw, case)``: the outputs from an independent float64 computation on ``kw``, the case's arguments with
-  every floating tensor a float64 copy on the CPU (a leaf requiring grad like the original). When it returns no
-  ``grad_*`` and its outputs are differentiable, sentinel adds the weighted gradients by autograd.
-- ``ORACLES``: ``(name, size, function[, routes])``: more computations like ``reference``, each compared on the
-  case of ``size`` ("small", or "tiny" for brute force); routes default to the part's.
-- ``example(pick)``: one random problem for the properties; ``pick(choices)`` draws one of ``choices`` (a
-  ``range`` or a sequence) by hypothesis, which shrinks a failing example. Sentinel adds a drawn ``seed``.
-- ``PROPERTIES``: ``(name, routes, holds[, dtypes[, example]])``: on each drawn problem (fitted to the route) sentinel
-  builds the route's case at the row's dtype and calls ``holds(check, case)``, which raises ``AssertionError`` when
-  the property fails (through the :class:`Checker` ``check``); dtypes default to every dtype.
-- ``AGREEMENTS``: ``(name, routes, function[, dtypes[, example]])``: properties that the route's outputs on each
-  drawn problem equal every output of ``function(kw, case)`` (computed like ``reference``: an oracle, a sibling
-  route, a closed form of a special case) within the row's tolerance.
-- ``FINITE_DIFFERENCES`` (optional): route globs whose gradients are compared with float64 central differences on
-  random examples; ``pinned(name, direction)`` (optional) holds still the entries a convention pins.
-- ``ADVERSARIAL``: ``(name, change[, expect[, options]])``: guard inputs made from the route's tiny case.
-  ``change`` is a function of the case returning the new case, or a dict: ``"problem"`` maps to changes of the
-  problem (a dict, or a function of the case returning one; the case is rebuilt), every other key names an
-  argument and maps to a function of it (``Case.transformed``). ``expect``: None (finite outputs only),
-  ``"reference"`` (and within the row's tolerance of the reference), ``"agrees"`` (and within 1e-6 relative of it,
-  gradients 1e-4 relative in norm) or ``expect(check, case, outputs)``. ``options``: ``routes`` (default the
-  part's), ``allow_inf`` (output names) and ``errors_ok`` (:class:`~kernel_sentinel.family.Adversarial`).
-- ``STANDARD_BAD_INPUTS``: the keyword arguments of :func:`kernel_sentinel.cases.standard_bad_inputs` (``tensors``,
-  ``other_device``, ``rejects_nan``, ``rejects_inf``, ``in_range``, ``counts``, ``flags``, ``choices``, ``shapes``,
-  ``csr`` for a CSR index: the keyword arguments of :func:`kernel_sentinel.cases.csr_bad_inputs`, and ``routes``,
-  default the part's), or a tuple of them.
-- ``BAD_INPUTS``: ``(argument, what, value[, routes[, device_mode]])``: the tiny case with ``argument`` replaced by
-  ``value``, or by ``value(case)`` when it is callable (which may also return a whole new case); the call must
-  raise an error naming ``argument``. Routes default to the part's (None: the part's). ``device_mode(case,
-  outputs)``: what the outputs of a device-mode run that does not raise must show beyond a non-finite element
-  (raises ``AssertionError``; :class:`~kernel_sentinel.family.BadInput`).
-- ``BATCH_ITEMS``: ``(what, routes, dims[, summed])`` for items along dimensions
-  (:func:`kernel_sentinel.cases.batch_along`), ``(what, routes, {"ragged": options})`` for ragged items indexed
-  like CSR (the keyword arguments of :func:`kernel_sentinel.cases.batch_ragged`: ``rows``, ``per_item``, the
-  index's argument names), or ``(what, routes, (split, join, outputs)[, summed])``
-  (:class:`~kernel_sentinel.family.BatchItems`).
-
-Route globs are fnmatch patterns, a tuple of them or one string. The functions receive sentinel's objects and use
-them without importing sentinel: a :class:`~kernel_sentinel.family.Case` (``route_id``, ``entry``, ``kwargs``,
-``upstream``, ``problem``, ``dtype``, ``device``; ``with_kwargs``, ``without``, ``transformed`` make changed copies)
-and a :class:`Checker` (``run``, ``forward``, ``reference``, ``computed``, ``case``, ``close``, ``expect``,
-``matches_reference``, ``tolerance``).
+The functions of a registration receive sentinel's objects and use them without importing sentinel: a
+:class:`~kernel_sentinel.family.Case` and a :class:`Checker`.
 """
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import cases
+from kernel_sentinel import cases, schema
 from kernel_sentinel.checks import expect, expect_close, run_route
-from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Case, Family, FailureMode,
+from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Blocks, Case, Family, FailureMode,
                                     Guard, Invariant, KnownIssue, LayoutRejection, Oracle, Outputs, Problem, Property,
-                                    Tolerance, node_exists, statement_of)
+                                    Tolerance, node_exists, project_root, statement_of)
 
 SEED_RANGE = range(2**16 + 1)  # the seed each example draws
 
@@ -352,11 +282,12 @@ def _failure_modes(name: str, declared: Mapping[str, Sequence[Any]]) -> list[Fai
     return modes
 
 
-def _invariant(family: str, test: str) -> Invariant:
-    """The invariant that the test ``test`` (a pytest node id) checks, stated by its docstring's first paragraph; a
-    test that does not exist keeps its node id as the text (the trace check names it missing)."""
-    text = statement_of(test)
-    if text is None and node_exists(test):
+def _invariant(family: str, test: str, root: Path) -> Invariant:
+    """The invariant that the test ``test`` (a pytest node id relative to ``root``) checks, stated by its
+    docstring's first paragraph; a test that does not exist keeps its node id as the text (the trace check names it
+    missing)."""
+    text = statement_of(test, root)
+    if text is None and node_exists(test, root):
         raise ValueError(f"family {family!r}: the invariant test {test} has no docstring; its first paragraph states "
                          f"the invariant the test checks")
     return Invariant(text or test, test)
@@ -369,19 +300,20 @@ def _node_ids(tests: Any) -> list[str]:
     return list(tests)
 
 
-def family_of(module: ModuleType) -> Family:
-    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``);
-    ``TypeError`` when it is not one."""
+def family_of(module: ModuleType, root: Optional[Path] = None) -> Family:
+    """The :class:`~kernel_sentinel.family.Family` of the registration module ``module`` (``<package>.family``),
+    whose repository is ``root`` (default :func:`~kernel_sentinel.family.project_root`); ``TypeError`` when it is
+    not one."""
     if not isinstance(module, ModuleType):
         raise TypeError(f"module must be a module, got {type(module).__name__}")
-    missing = [n for n in ("TREE", "ENTRY_POINTS", "TOLERANCES", "SIZES", "case", "reference") if not hasattr(module, n)]
-    if missing:
-        raise TypeError(f"module {module.__name__} declares no {', '.join(missing)}: not a family registration "
-                        f"(see kernel_sentinel.registration)")
+    schema.check(module, first=True)
     package = importlib.import_module(module.__name__.rpartition(".")[0])
     name = package.__name__.rpartition(".")[2]
+    root = (root or project_root()).resolve()
     tolerances = {dtype: Tolerance(*pair) for dtype, pair in module.TOLERANCES.items()}
     more = [importlib.import_module(f"{package.__name__}.{part}") for part in getattr(module, "PARTS", ())]
+    for part in more:
+        schema.check(part, first=False)
     parts = [Part(m, tolerances) for m in (module, *more)]
     fields: dict[str, list[Any]] = {}
     for part in parts:
@@ -407,7 +339,7 @@ def family_of(module: ModuleType) -> Family:
         make_case=make_case, run=lambda case: part_of(case.route_id).run(case),
         reference=lambda case: part_of(case.route_id).reference(case),
         tolerances=tolerances, dtypes=tuple(tolerances),
-        invariants=[_invariant(name, test) for test in _node_ids(getattr(module, "INVARIANTS", ()))],
+        invariants=[_invariant(name, test, root) for test in _node_ids(getattr(module, "INVARIANTS", ()))],
         guards=[Guard(*g) for g in getattr(module, "GUARDS", ())],
         known_issues=[issue(i) for i in getattr(module, "KNOWN_ISSUES", ())],
         failure_modes=_failure_modes(name, getattr(module, "FAILURE_MODES", {})),
@@ -415,5 +347,7 @@ def family_of(module: ModuleType) -> Family:
                   for output, argument, routes, why in getattr(module, "ALIASING", ())],
         rejected_layouts=[LayoutRejection(argument, layout, _globs(routes), why)
                           for argument, layout, routes, why in getattr(module, "REJECTED_LAYOUTS", ())],
-        **fields)
+        blocks=[Blocks(_globs(routes), argument, dim, block, tuple(sizes[0]) if sizes else ("small",))
+                for routes, argument, dim, block, *sizes in getattr(module, "BLOCKS", ())],
+        root=root, **fields)
 

@@ -17,7 +17,8 @@ def family_routes(family: Family) -> dict[str, Any]:
     """``{"family", "entries": [tree name], "routes": [{"id", "entry", "path": {condition: outcome}, "function",
     "where"}]}``, the routes of every tree of the family in tree order (``entry``: the tree's name)."""
     routes = [{"id": route.id, "entry": tree.name, "path": {cond.name: outcome for cond, outcome in path},
-               "function": f"{route.fn.__module__}.{route.fn.__qualname__}", "where": str(locate(route.fn))}
+               "function": f"{route.fn.__module__}.{route.fn.__qualname__}",
+               "where": str(locate(route.fn, anywhere=True))}
               for tree in family.trees for route, path in tree.paths()]
     return {"family": family.name, "entries": [tree.name for tree in family.trees], "routes": routes}
 
@@ -33,7 +34,8 @@ def rich_tree(family: Family) -> RichTree:
             for outcome, child in node.children.items():
                 add(branch, child, f"[cyan]{escape(outcome)}[/] -> ")
         else:
-            parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {locate(node.fn)}[/]")
+            where = locate(node.fn, anywhere=True)
+            parent.add(f"{label}[green]{escape(node.id)}[/]  [dim]{escape(node.fn.__name__)} {where}[/]")
 
     top = RichTree(f"[bold magenta]{escape(family.name)}[/] ({len(family.routes())} routes)")
     for tree in family.trees:
@@ -51,15 +53,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kernel_sentinel import registry
+    from kernel_sentinel.family import rooted
     from kernel_sentinel.records import dumps
 
     try:
-        families = registry.select(args.family)
+        families, broken = registry.select_with_broken(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
+    shown = []
+    for family in families:
+        with rooted(family.root):  # source locations relative to the family's own repository
+            shown.append(family_routes(family) if args.json else rich_tree(family))
     if args.json:
-        sys.stdout.write(dumps({"families": [family_routes(f) for f in families]}))
+        sys.stdout.write(dumps({"families": shown, "broken": [broken_entry(b) for b in broken]}))
     else:
-        for family in families:
-            console.out.print(rich_tree(family))
-    return 0 if families else 1
+        for tree in shown:
+            console.out.print(tree)
+    for b in broken:
+        console.err.print(f"[bold red]family {escape(b.name)} failed to load[/] ({escape(b.where)}): "
+                          f"{escape(b.error)}", highlight=False, soft_wrap=True)
+    return 0 if families and not broken else 1
+
+
+def broken_entry(broken: Any) -> dict[str, str]:
+    """A registration that failed to load (:class:`kernel_sentinel.registry.Broken`), for ``--json``."""
+    return {"family": broken.name, "where": broken.where, "error": broken.error}

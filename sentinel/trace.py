@@ -36,12 +36,12 @@ from rich.text import Text
 from provable_kernels.dispatch import Branch, Condition, Node, Path as TreePath, Route, Tree
 from kernel_sentinel import coverage
 from kernel_sentinel import dashboard
-from kernel_sentinel.family import REPO_ROOT, Family, KnownIssue
+from kernel_sentinel.family import Family, KnownIssue, project_root, rooted
 from kernel_sentinel.records import blob_ids, device_text, git, head_commit, load_record, row_key
 from kernel_sentinel.sanitize import is_triton_route
 from kernel_sentinel import registry
 
-TRACES_DIR = REPO_ROOT / "traces"
+TRACES_DIR_NAME = "traces"
 RECORDS_DIR_NAME = "verification"
 GUIDE_DIR_NAME = "guide"  # hand-written site pages: never generated, checked or deleted
 KEPT_DIRS = (RECORDS_DIR_NAME, GUIDE_DIR_NAME)
@@ -71,8 +71,10 @@ class Location:
         return f"{self.path}:{self.line}"
 
 
-def locate(obj: Any) -> Location:
-    """Definition site of a function (decorators and Triton's ``JITFunction.fn`` unwrapped), read with inspect."""
+def locate(obj: Any, anywhere: bool = False) -> Location:
+    """Definition site of a function (decorators and Triton's ``JITFunction.fn`` unwrapped), read with inspect:
+    its path relative to the repository sentinel works in; a :class:`TraceError` for a file outside it, unless
+    ``anywhere`` (then the absolute path)."""
     target = inspect.unwrap(obj)
     while not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)):
         if not hasattr(target, "fn"):
@@ -80,9 +82,19 @@ def locate(obj: Any) -> Location:
         target = target.fn
     lines, line = inspect.getsourcelines(target)
     path = Path(inspect.getsourcefile(target)).resolve()
-    if not path.is_relative_to(REPO_ROOT):
-        raise TraceError(f"{target.__qualname__} is defined outside the repository ({path})")
-    return Location(path.relative_to(REPO_ROOT).as_posix(), line, textwrap.dedent("".join(lines)).rstrip())
+    root = project_root()
+    if anywhere and not path.is_relative_to(root):
+        return Location(path.as_posix(), line, textwrap.dedent("".join(lines)).rstrip())
+    if not path.is_relative_to(root):
+        raise TraceError(f"{target.__qualname__} is defined outside the repository {root} ({path}): a trace links "
+                         f"only the repository's own files")
+    return Location(path.relative_to(root).as_posix(), line, textwrap.dedent("".join(lines)).rstrip())
+
+
+def traces_dir() -> Path:
+    """Where the traces of the repository sentinel works in live: ``traces/`` under
+    :func:`~kernel_sentinel.family.project_root`."""
+    return project_root() / TRACES_DIR_NAME
 
 
 def linked_tests(family: Family) -> list[str]:
@@ -231,7 +243,7 @@ def path_history(paths: Sequence[str]) -> list[Commit]:
     """Commits reachable from HEAD that changed any of ``paths``, newest first; refuses a shallow clone, whose
     history would be silently cut."""
     if git("rev-parse", "--is-shallow-repository") == "true":
-        raise TraceError(f"{REPO_ROOT} is a shallow clone: the traces' version history needs the full history "
+        raise TraceError(f"{project_root()} is a shallow clone: the traces' version history needs the full history "
                          "(git fetch --unshallow)")
     if head_commit() == "unknown":  # a repository without commits
         return []
@@ -569,8 +581,10 @@ def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> s
             "history.\n\n" + table(["family", "routes", "route groups", "summary"], rows) + "\n")
 
 
-def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, str]:
-    """Every trace document as ``{path relative to out: text}``; records are read from ``out/verification``."""
+def generate(families: Sequence[Family], out: Optional[Path] = None) -> dict[str, str]:
+    """Every trace document of ``families`` (of the repository sentinel works in) as ``{path relative to out:
+    text}``; records are read from ``out/verification`` (``out`` defaults to :func:`traces_dir`)."""
+    out = traces_dir() if out is None else out
     if not families:
         raise ValueError("families must contain at least one family, got none")
     docs: dict[str, str] = {}
@@ -592,7 +606,7 @@ def generate(families: Sequence[Family], out: Path = TRACES_DIR) -> dict[str, st
     for family in families:
         for mode in family.failure_modes:
             for target in (mode.read_first, mode.then):
-                broken = dashboard.broken_link(target, docs, TRACES_DIR / GUIDE_DIR_NAME)
+                broken = dashboard.broken_link(target, docs, traces_dir() / GUIDE_DIR_NAME)
                 if broken:
                     raise TraceError(f"family {family.name!r}: failure mode {mode.symptom!r} links {target}: "
                                      f"{broken}")
@@ -662,21 +676,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    "--check write nothing and exit 1 when any is stale, missing or extra.")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 with a diff when a document is stale, missing or extra")
-    parser.add_argument("--out", type=Path, default=TRACES_DIR, metavar="DIR",
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="trace directory; verification records are read from DIR/verification "
-                             "(default: %(default)s)")
+                             "(default: traces/ in the repository's top level)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate (or check) the traces of every registered family; exit code 0 fresh/written, 1 otherwise."""
+    """Generate (or check) the traces of the families of the current directory's repository (every family when
+    none lives there); exit code 0 fresh/written, 1 otherwise."""
     console = Console()
-    out = Path(args.out)
     try:
-        docs = generate(registry.families(), out)
+        chosen, broken = registry.select_with_broken(None)
+    except ValueError as error:  # two families of one name
+        console.print(f"[bold red]sentinel trace failed:[/] {error}", markup=True, highlight=False)
+        return 1
+    if broken:  # its documents would read as extra: nothing is written until it loads
+        for b in broken:
+            console.print(f"[bold red]sentinel trace failed:[/] family {b.name} failed to load ({b.where}): "
+                          f"{b.error}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+    code = 0
+    for root, group in registry.by_root(chosen).items():
+        with rooted(root):
+            code = max(code, _trace_repository(console, group, Path(args.out) if args.out else traces_dir(),
+                                               args.check))
+    return code
+
+
+def _trace_repository(console: Console, families: Sequence[Family], out: Path, check: bool) -> int:
+    """Generate (or check) the traces of ``families``, which share the repository sentinel works in."""
+    try:
+        docs = generate(families, out)
     except RuntimeError as error:  # TraceError, or git failing
         console.print(f"[bold red]sentinel trace failed:[/] {error}", markup=True, highlight=False)
         return 1
-    if not args.check:
+    if not check:
         write(docs, out)
         console.print(f"wrote {len(docs)} trace documents to {out}")
         return 0

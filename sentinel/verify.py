@@ -50,7 +50,8 @@ failure-mode entries for it (which page to read first).
 
 A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
-``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`); the results are
+``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`; ``--jobs 0``: this
+process); a worker that crashes (compiled code the kernel under test calls) fails its unit alone; the results are
 those of one process, in the same order. ``--devices all`` (or ``cuda:0,cuda:1,...``) spreads them over those
 GPUs: each worker is pinned to one GPU (``ceil(J / N)`` workers per GPU, at least one), units go to whichever
 worker is free, and the end of the run prints each GPU's share (units, busy seconds), also in the JSON report
@@ -89,7 +90,7 @@ from typing import Sequence
 import torch
 
 from kernel_sentinel import console, profile, report, sanitize, workers
-from kernel_sentinel.family import REPO_ROOT, Family, matches
+from kernel_sentinel.family import Family, matches, rooted
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.records import CheckResult, RouteResult
 from kernel_sentinel.rows import DEFAULT_EXAMPLES, QUICK_EXAMPLES, Options, dtype_name
@@ -161,17 +162,21 @@ def _jobs(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return _positive(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0, a positive integer or auto, got {text!r}")
+    return value
 
 
 def resolve_jobs(jobs: int | str, units: int) -> int:
     """The worker processes for ``--jobs`` over ``units`` units of work (:func:`kernel_sentinel.workers.unit_count`:
     a row's properties one by one, and its other checks): ``auto`` is one per usable CPU (at most
-    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units, else 1
-    (starting a process costs seconds: a little work runs faster in this one). ``--devices`` then rounds it up to
-    a multiple of the GPU count (:func:`kernel_sentinel.workers.slots`)."""
+    :data:`AUTO_JOBS`) when there are at least :data:`AUTO_MIN_UNITS` units, else 1 (starting a process costs
+    seconds); 0 runs in this process (no worker: a crash of the kernel's compiled code then ends the run; for a
+    debugger, or a family built in this process). ``--devices`` then rounds it up to a multiple of the GPU count
+    (:func:`kernel_sentinel.workers.slots`)."""
     if jobs != "auto":
         return int(jobs)
     if units < AUTO_MIN_UNITS:
@@ -188,7 +193,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify", help=COMMANDS["verify"][1],
         description=__doc__.split("\n\n")[0] + " Exit 0 when every selected route ran and passed, 1 on any "
         "failure (also when no route ran), 2 on usage errors (unknown family, a --route glob matching no route).")
-    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: all)")
+    p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: those of the "
+                   "current directory's repository, or every family when none lives there)")
     p.add_argument("--route", nargs="+", action="extend", metavar="GLOB",
                    help="only routes whose id matches one of these fnmatch globs, e.g. 'semicrf.torch.*'")
     p.add_argument("--dtype", nargs="+", action="extend", type=parse_dtype, metavar="DTYPE",
@@ -212,7 +218,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"verify in J worker processes, with the results of one (a GPU run is mostly Triton "
                         f"compilation, which runs in parallel across processes; --coverage is measured in each). "
                         f"Default auto: one per CPU, at most {AUTO_JOBS}, for {AUTO_MIN_UNITS} units of work or more "
-                        f"(a row's properties one by one, and its other checks), else 1")
+                        f"(a row's properties one by one, and its other checks), else 1. A worker that crashes fails "
+                        f"the unit it ran alone. 0: in this process (no worker; for a debugger)")
     p.add_argument("--devices", metavar="LIST",
                    help="spread the work over these GPUs: all, or a comma-separated list such as cuda:0,cuda:1 (one "
                         "worker process per GPU, ceil(J / N) with --jobs J; each pinned to its GPU); prints each "
@@ -248,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     if measurement is not None:
         measurement.start()  # before the families are imported: what runs at import counts too
     try:
-        families = registry.select(args.family)
+        families, broken = registry.select_with_broken(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
     globs, dtypes = args.route or [], args.dtype or []
@@ -265,20 +272,27 @@ def run(args: argparse.Namespace) -> int:
     options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus,
                       profile=args.profile)
 
-    commit = records.head_commit()  # taken at the start: the sources the run runs, not HEAD at its end
-    sources = {family.name: records.blob_ids(family.source_files()) for family in families}
+    stamps = {}  # taken at the start: the sources the run runs, not HEAD at its end; in each family's repository
+    for family in families:
+        with rooted(family.root):
+            stamps[family.name] = (records.head_commit(), records.blob_ids(family.source_files()))
+    commit = records.head_commit()
     start = time.perf_counter()
     units = workers.unit_count(selected, options)
-    pinned = workers.slots(resolve_jobs(args.jobs, units), gpus, units)
+    jobs = resolve_jobs(args.jobs, units)
+    pinned = workers.slots(max(1, jobs), gpus, units)
     shares = workers.shares(pinned)
-    if len(pinned) > 1:
+    if jobs:
         results = workers.verify_in_processes(selected, options, pinned, shares, measurement)
     else:
         results = workers.verify_here(selected, options, pinned[0], shares)
     if args.sanitize:  # each check is a compute-sanitizer process: one per worker at a time, on the workers' GPUs
         results = workers.sanitize_on(results, lambda r, gpu: sanitized(r, options, gpu), pinned, shares)
     elapsed = time.perf_counter() - start
-    problems = [f"{f.name}: invariant test {t} does not exist" for f in families for t in f.missing_tests()]
+    problems = [f"{b.name}: the family failed to load ({b.where}): {b.error}" for b in broken]
+    problems += [f"{f.name}: invariant test {t} does not exist in {f.root}" for f in families
+                 for t in f.missing_tests()]
+    problems += [f"{f.name}: {line}" for f in families for line in f.one_block_cases()]
     reached = None
     if measurement is not None:
         measurement.stop()
@@ -304,13 +318,15 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         for family in families:
             ran = [r for r in results if r.family == family.name]
-            record = records.make_record(family, info, ran, (commit, sources[family.name]))
-            if reached is not None:
-                record["coverage"] = reached.for_family(family.name).as_dict()
-            if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources
-                order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
-                record = records.merge_record(record, order)
-            path = records.save_record(record)
-            console.err.print(f"recorded {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
+            with rooted(family.root):  # the record lives in the family's own repository
+                record = records.make_record(family, info, ran, stamps[family.name])
+                if reached is not None:
+                    record["coverage"] = reached.for_family(family.name).as_dict()
+                if globs or dtypes:  # a part of the verification: joined with the saved record of the same sources
+                    order = [(r.id, dtype_name(d)) for r in family.routes() for d in family.dtypes]
+                    record = records.merge_record(record, order)
+                path = records.save_record(record)
+            here = Path.cwd()
+            console.err.print(f"recorded {path.relative_to(here) if path.is_relative_to(here) else path}")
     ok = bool(results) and all(r.passed for r in results) and not problems
     return 0 if ok else 1

@@ -34,7 +34,9 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -60,6 +62,7 @@ Gpu = Optional[int]  # the CUDA device index a worker is pinned to; None: not pi
 _options: Optional[Options] = None  # in a worker process: the parent's options
 _gpu: Gpu = None  # in a worker process: its GPU
 _measured: Any = None  # in a worker process of ``verify --coverage``: its kernel_sentinel.coverage.Measurement
+_marks: Optional[str] = None  # in a pool's worker process: where it marks the unit it runs
 
 
 def usable_cpus() -> int:
@@ -112,12 +115,14 @@ def _pin(gpu: Gpu) -> None:
         torch.cuda.set_device(gpu)
 
 
-def _start(options: Options, threads: int, gpus: Any, coverage_roots: Optional[Sequence[Any]] = None) -> None:
+def _start(options: Options, threads: int, gpus: Any, coverage_roots: Optional[Sequence[Any]] = None,
+           marks: Optional[str] = None) -> None:
     """Start a worker process: the parent's device (on the CPU the Triton interpreter switch, before any kernel
     module is imported), the next GPU of the queue ``gpus`` made current, options, and ``threads`` CPU threads for
     torch (the workers share the CPUs). With ``coverage_roots`` (``verify --coverage``) it measures the lines run
-    under them from here on, before any kernel module is imported."""
-    global _options, _gpu, _measured
+    under them from here on, before any kernel module is imported. With ``marks`` (a directory), each unit is
+    marked there while it runs (:func:`_run_unit`)."""
+    global _options, _gpu, _measured, _marks
     from kernel_sentinel import coverage, device
 
     if coverage_roots is not None:
@@ -128,7 +133,7 @@ def _start(options: Options, threads: int, gpus: Any, coverage_roots: Optional[S
     _pin(_gpu)
     torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", **INTERPRETER_WARNINGS)
-    _options = options
+    _options, _marks = options, marks
 
 
 def _other_checks(options: Options) -> Options:
@@ -145,13 +150,17 @@ def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
 
 
 def _run_unit(family_name: str, route_id: str, dtype: str,
-              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], dict]:
+              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], profile.Counts]:
     """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome), with
     the worker's GPU, the unit's wall time, under ``--coverage`` the lines this worker has run so far, and under
-    ``--profile`` the unit's launch counts (:func:`kernel_sentinel.profile.take`)."""
+    ``--profile`` the unit's counts (:func:`kernel_sentinel.profile.take`)."""
     watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
     watch.daemon = True
     watch.start()
+    mark = None if _marks is None else os.path.join(_marks, str(os.getpid()))
+    if mark is not None:
+        with open(mark, "w") as file:
+            file.write(_mark(family_name, route_id, dtype, unit))
     start = time.perf_counter()
     try:
         result = _unit_result(family_name, route_id, dtype, unit)
@@ -159,6 +168,8 @@ def _run_unit(family_name: str, route_id: str, dtype: str,
         return result, _gpu, time.perf_counter() - start, lines, profile.take()
     finally:
         watch.cancel()
+        if mark is not None:
+            os.unlink(mark)
 
 
 def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
@@ -232,48 +243,168 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
     over one spawned worker process per entry of ``workers`` (:func:`slots`: the GPU each is pinned to), at most
     one per unit; results in the order of ``selected``. Each GPU's units and their time are added to ``done``.
     With a ``measurement`` (:class:`kernel_sentinel.coverage.Measurement`, ``--coverage``) every worker measures
-    the lines under its roots, and each unit's lines are added to it."""
+    the lines under its roots, and each unit's lines are added to it.
+
+    A worker that dies (a crash in compiled code, not a failing check) breaks the pool: the units then running
+    (each worker marks the unit it runs) run again, each in a process of its own (:func:`_alone`), so that the one
+    that crashes fails alone with its exit code and last output lines; the units not yet started go to a new pool."""
     pending = _rows(selected, options)
     units = [(i, u) for i, row in enumerate(pending) for u in (*range(row.properties), OTHER_CHECKS)]
     workers = list(workers)[:len(units)]
     threads = max(1, usable_cpus() // len(workers))
+    roots = measurement and measurement.roots
+    finished = 0
+    where = f" on {len(set(workers))} GPUs" if workers[0] is not None else ""
+
+    def record(i: int, unit: int, value: RouteResult | Outcome, progress: Any, task: Any) -> None:
+        nonlocal finished
+        row = pending[i]
+        row.record(unit, value)
+        progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
+        if row.done() and not row.logged:
+            finished, row.logged = finished + 1, True
+            report.log_row(row.result(options), finished, len(pending))
+
+    def counted(answer: tuple) -> RouteResult | Outcome:
+        value, gpu, seconds, lines, counts = answer
+        if measurement is not None and lines is not None:
+            measurement.add(lines)
+        profile.add(counts)
+        done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
+        return value
+
+    with report.progress_bar() as progress, tempfile.TemporaryDirectory(prefix="sentinel-marks-") as marks:
+        task = progress.add_task(f"verify, {len(workers)} processes{where}", total=len(units))
+        remaining = units
+        while remaining:
+            unfinished = _pool_round(remaining, pending, options, workers, threads, roots, marks,
+                                     lambda i, u, answer: record(i, u, counted(answer), progress, task),
+                                     lambda i, u, why: record(i, u, pending[i].failed(u, why, options),
+                                                              progress, task))
+            if not unfinished:
+                break
+            running = _marked(marks, unfinished, pending) or unfinished  # no mark: the workers died before any unit
+            with ThreadPoolExecutor(len(workers)) as alone:
+                answers = {alone.submit(_alone, pending[i], u, options, workers[n % len(workers)], threads, roots):
+                           (i, u) for n, (i, u) in enumerate(running)}
+                for future in as_completed(answers):
+                    record(*answers[future], counted(future.result()), progress, task)
+            remaining = [unit for unit in unfinished if unit not in running]
+    return [row.result(options) for row in pending]
+
+
+def _pool_round(units: Sequence[tuple[int, int]], pending: Sequence["_Row"], options: Options,
+                workers: Sequence[Gpu], threads: int, roots: Any, marks: str,
+                answered: Callable[[int, int, tuple], None],
+                failed: Callable[[int, int, str], None]) -> list[tuple[int, int]]:
+    """Run ``units`` in one pool of ``workers``; each answer goes to ``answered`` (a unit that raised outside the
+    checks to ``failed``); return the units left unfinished by a worker's death (none when no worker died)."""
     context = multiprocessing.get_context("spawn")
     gpus = context.Queue()
     for gpu in workers:
         gpus.put(gpu)
-    finished = 0
     pool = ProcessPoolExecutor(len(workers), mp_context=context, initializer=_start,
-                               initargs=(options, threads, gpus, measurement and measurement.roots))
-    where = f" on {len(set(workers))} GPUs" if workers[0] is not None else ""
+                               initargs=(options, threads, gpus, roots, marks))
+    unfinished = []
     try:
-        with report.progress_bar() as progress:
-            task = progress.add_task(f"verify, {len(workers)} processes{where}", total=len(units))
-            futures = {pool.submit(_run_unit, pending[i].family.name, pending[i].route_id,
-                                   dtype_name(pending[i].dtype), u): (i, u) for i, u in units}
-            for future in as_completed(futures):
-                i, unit = futures[future]
-                row = pending[i]
-                try:
-                    value, gpu, seconds, lines, launches = future.result()
-                    if measurement is not None and lines is not None:
-                        measurement.add(lines)
-                    profile.add(launches)
-                    done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
-                    row.record(unit, value)
-                except BrokenProcessPool as exc:
-                    row.record(unit, row.failed(unit, f"its --jobs worker process died ({exc}); rerun with --jobs 1",
-                                                options))
-                except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
-                    row.record(unit, row.failed(unit, f"its --jobs worker raised {error_text(exc)}", options))
-                progress.update(task, advance=1, description=f"{row.route_id} {dtype_name(row.dtype)}")
-                if row.done() and not row.logged:
-                    finished, row.logged = finished + 1, True
-                    report.log_row(row.result(options), finished, len(pending))
+        futures = {pool.submit(_run_unit, pending[i].family.name, pending[i].route_id, dtype_name(pending[i].dtype),
+                               u): (i, u) for i, u in units}
+        for future in as_completed(futures):
+            i, unit = futures[future]
+            try:
+                answer = future.result()
+            except BrokenProcessPool:
+                unfinished.append((i, unit))
+            except Exception as exc:  # outside the checks' own handling, e.g. a result that cannot be sent back
+                failed(i, unit, f"its --jobs worker raised {error_text(exc)}")
+            else:
+                answered(i, unit, answer)
     except BaseException:  # e.g. Ctrl-C: do not wait for the queued units
         pool.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown()
-    return [row.result(options) for row in pending]
+    pool.shutdown(wait=not unfinished, cancel_futures=True)
+    return sorted(unfinished, key=units.index)
+
+
+def _mark(family_name: str, route_id: str, dtype: str, unit: int) -> str:
+    return f"{family_name} {route_id} {dtype} {unit}"
+
+
+def _marked(marks: str, unfinished: Sequence[tuple[int, int]],
+            pending: Sequence["_Row"]) -> list[tuple[int, int]]:
+    """The units of ``unfinished`` that a worker had started when the pool broke (their marks, then cleared)."""
+    started = set()
+    for name in os.listdir(marks):
+        with open(os.path.join(marks, name)) as file:
+            started.add(file.read())
+        os.unlink(os.path.join(marks, name))
+    return [(i, u) for i, u in unfinished
+            if _mark(pending[i].family.name, pending[i].route_id, dtype_name(pending[i].dtype), u) in started]
+
+
+class _OneGpu:
+    """The GPU queue of :func:`_start` for a process of its own: always ``gpu``."""
+
+    def __init__(self, gpu: Gpu):
+        self.gpu = gpu
+
+    def get(self) -> Gpu:
+        return self.gpu
+
+
+def _alone_child(conn: Any, log: str, options: Options, gpu: Gpu, threads: int, roots: Any,
+                 unit: tuple[str, str, str, int]) -> None:
+    """In a process of its own: its output to ``log``, then the unit, whose result (or error) goes to ``conn``."""
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    try:
+        _start(options, threads, _OneGpu(gpu), roots)
+        conn.send(("result", _run_unit(*unit)))
+    except BaseException as exc:  # noqa: BLE001 - reported as the unit's failure
+        conn.send(("error", error_text(exc)))
+
+
+def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
+           roots: Any) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], profile.Counts]:
+    """``unit`` of ``row`` run in a spawned process of its own (after a worker died with it among the unfinished
+    ones): its result, or the unit failed with the process's exit code and the last lines of its output."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sentinel-unit-") as tmp:
+        log = os.path.join(tmp, "output.txt")
+        process = context.Process(target=_alone_child, args=(send, log, options, gpu, threads, roots,
+                                                              (row.family.name, row.route_id, dtype_name(row.dtype),
+                                                               unit)))
+        process.start()
+        send.close()
+        try:
+            kind, payload = receive.recv()
+        except EOFError:  # it died before answering
+            kind, payload = "died", None
+        process.join()
+        tail = _last_lines(log)
+    seconds = time.perf_counter() - start
+    if kind == "result":
+        return payload
+    if kind == "error":
+        why = f"its worker process raised {payload}"
+    else:
+        code = process.exitcode
+        name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 else ""
+        why = f"its worker process died (exit code {code}{name}), the last lines of its output: {tail or '(none)'}"
+    return row.failed(unit, why, options), gpu, seconds, None, {}
+
+
+def _last_lines(path: str, lines: int = 3) -> str:
+    """The last ``lines`` non-empty lines of the file at ``path``, joined with `` | ``."""
+    try:
+        with open(path, errors="replace") as file:
+            kept = [line.strip() for line in file if line.strip()][-lines:]
+    except OSError:
+        return ""
+    return " | ".join(kept)
 
 
 def verify_here(selected: Sequence[tuple[Family, str, torch.dtype]], options: Options, gpu: Gpu,

@@ -24,11 +24,11 @@ INFO = device.info(torch.device(DEVICE))
 
 @pytest.fixture
 def only_toy(monkeypatch, toy_family):
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [toy_family()])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([toy_family()], []))
 
 
 def verify(*args: str) -> int:
-    return main(["verify", "--device", DEVICE, "--examples", "2", *args])
+    return main(["verify", "--device", DEVICE, "--examples", "2", "--jobs", "0", *args])
 
 
 def test_passing_route_exits_0_and_writes_json_and_junit(only_toy, tmp_path, capsys):
@@ -55,8 +55,8 @@ def test_failed_check_prints_its_failure_mode_next_to_the_repro(monkeypatch, toy
                            "the reference check", checks=("reference", "exact"), routes=("toy.fast",))
     unrelated = FailureMode("wrong route taken", "toy/index.md#dispatch-conditions", "toy/index.md",
                             "the route check", checks=("route",))
-    monkeypatch.setattr(registry, "families",
-                        lambda package="provable_kernels": [toy_family(failure_modes=(mismatch, unrelated))])
+    monkeypatch.setattr(registry, "discover",
+                        lambda package="provable_kernels": ([toy_family(failure_modes=(mismatch, unrelated))], []))
     assert verify("--family", "toy", "--route", "toy.fast") == 1
     lines = capsys.readouterr().out.splitlines()
     repro = next(i for i, line in enumerate(lines) if "reproduce:" in line)
@@ -90,7 +90,7 @@ def test_usage_errors_exit_2(only_toy, capsys):
 
 
 def test_no_route_run_is_a_failure(monkeypatch, capsys):
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([], []))
     assert verify() == 1
     assert "no route ran" in capsys.readouterr().out
 
@@ -107,7 +107,7 @@ def test_cuda_without_gpu_is_a_usage_error(only_toy, monkeypatch, capsys):
 
 def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
-    assert main(["verify", "--device", DEVICE, "--record"]) == 1  # toy.fast fails; the record says so
+    assert main(["verify", "--device", DEVICE, "--record", "--jobs", "0"]) == 1  # toy.fast fails; the record says so
     record = records.load_record(tmp_path / f"toy-{records.device_slug(INFO)}.json")
     assert record["family"] == "toy" and record["device"] == INFO
     assert [r["status"] for r in record["routes"]] == ["fail", "pass"]
@@ -117,7 +117,7 @@ def test_record_writes_one_file_per_family(only_toy, tmp_path, monkeypatch):
 @pytest.mark.parametrize("weaker", [["--quick"], ["--examples", "2"]])
 def test_record_refuses_a_weaker_run(only_toy, tmp_path, monkeypatch, weaker):
     monkeypatch.setattr(records, "record_dir", lambda: tmp_path)
-    assert main(["verify", "--device", DEVICE, "--record", *weaker]) == 2
+    assert main(["verify", "--device", DEVICE, "--record", "--jobs", "0", *weaker]) == 2
     assert not list(tmp_path.iterdir())
 
 
@@ -125,9 +125,18 @@ def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
     from kernel_sentinel.family import Invariant
 
     broken = toy_family(invariants=(Invariant("sums", "tests/test_cli.py::test_does_not_exist"),))
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [broken])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([broken], []))
     assert verify("--route", "toy.slow") == 1
     assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
+
+
+def test_fixed_cases_inside_one_declared_block_fail(monkeypatch, toy_family, capsys):
+    from kernel_sentinel.family import Blocks
+
+    narrow = toy_family(blocks=(Blocks(("toy.slow",), "x", -1, 1024),))
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([narrow], []))
+    assert verify("--route", "toy.slow") == 1
+    assert "toy.slow (small): x.shape[-1] = " in capsys.readouterr().out
 
 
 def test_routes_prints_trees_and_json(capsys):
@@ -197,7 +206,7 @@ def test_a_record_made_in_parts_joins_rows_of_the_same_sources(only_toy, toy_fam
     path = records.record_path("toy", INFO)
 
     def record_verify(route: str) -> int:
-        return main(["verify", "--device", DEVICE, "--record", "--route", route])
+        return main(["verify", "--device", DEVICE, "--record", "--jobs", "0", "--route", route])
 
     def rows() -> list[tuple[str, str]]:
         return [(r["id"], r["status"]) for r in records.load_record(path)["routes"]]

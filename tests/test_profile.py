@@ -51,18 +51,18 @@ def test_counting_counts_launches_under_its_key_and_take_empties_them():
 
 @pytest.fixture
 def only_toy(monkeypatch, toy_family):
-    monkeypatch.setattr(registry, "families", lambda package="provable_kernels": [toy_family()])
+    monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([toy_family()], []))
 
 
 def test_verify_profile_prints_the_tables_and_writes_them_to_the_json_report(only_toy, tmp_path, capsys):
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert main(["verify", "--device", device, "--examples", "2", "--route", "toy.slow", "--profile", "--jobs", "1",
+    assert main(["verify", "--device", device, "--examples", "2", "--route", "toy.slow", "--profile", "--jobs", "0",
                  "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "profile: 1 rows" in out and "the 1 most expensive rows" in out
     report = json.loads((tmp_path / "r.json").read_text())["profile"]
     assert report["rows_verified"] == 1 and report["rows"][0]["route"] == "toy.slow"
     assert {c["name"] for c in report["checks"]} == set(report["rows"][0]["checks"])
-    assert main(["verify", "--device", device, "--examples", "2", "--route", "toy.slow", "--jobs", "1",
+    assert main(["verify", "--device", device, "--examples", "2", "--route", "toy.slow", "--jobs", "0",
                  "--json", str(tmp_path / "plain.json")]) == 0
     assert "profile" not in json.loads((tmp_path / "plain.json").read_text())

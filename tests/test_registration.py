@@ -114,13 +114,41 @@ def test_what_is_not_a_registration_is_refused(package):
     with pytest.raises(TypeError, match="^module must be a module"):
         registration.family_of("regtoy.family")
     module = package("del TREE, reference\n")
-    with pytest.raises(TypeError, match="^module regtoy.family declares no TREE, reference"):
+    with pytest.raises(TypeError, match="^registration regtoy.family does not follow .*declares no TREE, reference"):
         registration.family_of(module)
     with pytest.raises(ValueError, match="failure modes of unknown symptoms \\['slow'\\]"):
         registration.family_of(package("FAILURE_MODES = {'slow': ('a.md', 'b.md', 'c')}\n"))
     family = registration.family_of(package())
     with pytest.raises(ValueError, match="^route_id 'toy.other' is no route of family 'regtoy'"):
         family.make_case("toy.other", size="tiny", dtype=torch.float32, device=CPU, seed=0)
+
+
+@pytest.mark.parametrize("extra, error", [
+    ("PROPERTES = PROPERTIES\n", "PROPERTES: did you mean PROPERTIES?"),
+    ("TOLERANCE = TOLERANCES\n", "TOLERANCE: did you mean TOLERANCES?"),
+    ("ROWS = 3\n", "ROWS: not a schema name (a registration's own constants start with _)"),
+    ("SIZES = {'small': dict(n=8)}\n", "SIZES: must be {\"small\": problem, \"tiny\": problem}, each a dict, got dict"),
+    ("TOLERANCES = {'float32': (1e-5, 1e-5)}\n", "TOLERANCES: must be a non-empty {torch.dtype: (atol, rtol)}"),
+    ("PROPERTIES = (('ones', 'toy.*'),)\n", "PROPERTIES: must be (name, routes, holds[, dtypes[, example]]) tuples"),
+    ("example = 3\n", "example: must be a function (pick) -> problem"),
+])
+def test_a_registration_off_the_schema_is_an_error_naming_the_entry(package, extra, error):
+    """A misspelled or unknown upper-case name, or a declared name of the wrong type, is an error naming it (never
+    a silently dropped check)."""
+    with pytest.raises(registration.schema.RegistrationError) as raised:
+        registration.family_of(package(extra))
+    assert error in str(raised.value) and "traces/guide/registration.md" in str(raised.value)
+
+
+def test_own_constants_start_with_an_underscore_and_family_wide_names_live_in_family_py(package, tmp_path):
+    """A registration's own upper-case constants are private (``_ROWS``); a family-wide name in a part is an
+    error, since only ``family.py`` is read for it."""
+    assert registration.family_of(package("_ROWS = 3\n")).name == "regtoy"
+    (tmp_path / "regtoy" / "family_more.py").write_text("from regtoy.family import *\nfrom regtoy.family import "
+                                                         "case, reference, example\nINVARIANTS = ()\n")
+    with pytest.raises(registration.schema.RegistrationError, match="INVARIANTS: a family-wide name, read from "
+                                                                    "family.py only"):
+        registration.family_of(package("PARTS = ('family_more',)\n"))
 
 
 def test_an_invariant_is_stated_by_its_tests_docstring(package):
@@ -259,3 +287,29 @@ def test_standard_bad_inputs_of_ranges_counts_flags_and_choices():
         made[0].make(Case("toy.slow", "toy_sum", {"lengths": [2, 4]}, "toy"))
     with pytest.raises(KeyError, match="no argument 'K'"):
         next(b for b in made if b.argument == "K").make(Case("toy.slow", "toy_sum", {}, "toy"))
+
+
+def test_the_schema_page_documents_every_schema_name_and_no_other():
+    """The guide page of the registration schema names every name the schema checks, and each name a bullet of the
+    page declares is one the schema knows (the page and the check cannot drift apart)."""
+    import re
+
+    from kernel_sentinel.family import REPO_ROOT
+
+    page = (REPO_ROOT / "traces" / "guide" / "registration.md").read_text()
+    names = {*registration.schema.FAMILY_NAMES, *registration.schema.PART_NAMES}
+    assert {n for n in names if f"`{n}`" not in page and f"`{n}(" not in page} == set()
+    declared = set(re.findall(r"^- `([A-Z_]+)`", page, flags=re.M)) | set(re.findall(r"\. `([A-Z_]+)`:", page))
+    assert declared and declared <= names
+
+
+def test_declared_blocks_make_the_fixed_cases_cross_a_block_edge(package):
+    """A registration declaring that a kernel tiles an argument in blocks (``BLOCKS``) has fixed cases that reach a
+    second block; a size inside one block is reported with the route, the size and the argument."""
+    inside = registration.family_of(package("BLOCKS = (('toy.*', 'x', 1, 8),)\n"))  # small: n = 8 columns
+    assert inside.one_block_cases() == [
+        f"toy.{r} (small): x.shape[1] = 8 fits in one block of 8: make SIZES['small'] span two blocks, so that the "
+        f"edge between them runs" for r in ("fast", "slow")]
+    assert registration.family_of(package("BLOCKS = (('toy.slow', 'x', 1, 4, ('small',)),)\n")).one_block_cases() == []
+    both = registration.family_of(package("BLOCKS = (('toy.slow', 'x', -1, 4, ('small', 'tiny')),)\n"))
+    assert [line.split(":")[0] for line in both.one_block_cases()] == ["toy.slow (tiny)"]

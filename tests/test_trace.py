@@ -181,7 +181,7 @@ def repo_copy(tmp_path: Path) -> Path:
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "first version")
-    probe = subprocess.run([sys.executable, "-c", "import kernel_sentinel.trace as t; print(t.REPO_ROOT)"], cwd=repo,
+    probe = subprocess.run([sys.executable, "-c", "import kernel_sentinel.family as f; print(f.REPO_ROOT)"], cwd=repo,
                            env={**os.environ, "PYTHONPATH": str(importable(repo))}, capture_output=True, text=True, check=True)
     assert Path(probe.stdout.strip()) == repo.resolve()  # the copy's code runs, not the real tree's
     return repo

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import math
 import subprocess
 import sys
@@ -483,7 +484,7 @@ def test_a_record_names_the_commit_and_sources_at_the_start_of_the_run(tmp_path,
     monkeypatch.setattr(records, "head_commit", lambda: head[0])
     monkeypatch.setattr(workers, "verify_here", committing_while_running)
     assert main(["verify", "--family", "sinkhorn", "--route", "sinkhorn.torch.log.infer", "--device", "cpu",
-                 "--quick", "--json", str(tmp_path / "report.json")]) == 0
+                 "--quick", "--jobs", "0", "--json", str(tmp_path / "report.json")]) == 0
     assert json.loads((tmp_path / "report.json").read_text())["commit"] == "before0"
     family = registry.family("sinkhorn")
     record = records.make_record(family, {"type": "cpu"}, [], ("before0", {"kernels/x.py": "0" * 40}))
@@ -621,25 +622,94 @@ def test_jobs_assemble_failing_and_raising_properties_as_one_process(in_process_
     assert "RuntimeError: no strategy" in properties.detail and "RuntimeError: boom" in properties.detail
 
 
-def test_jobs_a_dead_worker_fails_only_what_it_was_running(in_process_jobs, monkeypatch):
-    from concurrent.futures.process import BrokenProcessPool
+CRASHING = '''
+import ctypes
 
-    from kernel_sentinel import workers
+import torch
 
-    family, run_unit = in_process_jobs, workers._run_unit
+from provable_kernels.dispatch import Branch, Condition, Route, Tree
 
-    def dies_on_other_checks(family_name, route_id, dtype, unit):
-        if unit == workers.OTHER_CHECKS:
-            raise BrokenProcessPool("killed")
-        return run_unit(family_name, route_id, dtype, unit)
 
-    monkeypatch.setattr(workers, "_run_unit", dies_on_other_checks)
-    (row,) = in_processes([(family, "toy.slow", torch.float32)])
-    one = verify_route(family, "toy.slow", CPU, dtype=torch.float32)
-    assert [c.name for c in row.checks] == list(CHECKS)
-    assert row.check("properties") == one.check("properties")  # finished before the crash: kept
-    others = [c for c in row.checks if c.name != "properties"]
-    assert all(not c.passed and "its --jobs worker process died (killed)" in c.detail for c in others)
+def crashes(call):
+    """The route of a kernel whose compiled code crashes on wide rows (as a heap corruption would)."""
+    x, _ = call
+    if x.shape[-1] > 3:
+        print("about to crash on a wide row", flush=True)
+        ctypes.string_at(0)  # a read of address 0: SIGSEGV
+    return x.double().sum(-1).to(x.dtype)
+
+
+def sums(call):
+    return call[0].double().sum(-1).to(call[0].dtype)
+
+
+def ask(call):
+    """The route the call names."""
+    return call[1]
+
+
+TREE = Tree("crashy", Branch(Condition("which", ask, ("crashes", "sums")),
+                             {"crashes": Route("crashy.crashes", crashes), "sums": Route("crashy.sums", sums)}))
+
+
+def row_sum(x, which):
+    """Sum of each row of ``x`` (N, D)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise TypeError("x must be a 2-D tensor")
+    return TREE.dispatch((x, which))
+
+
+ENTRY_POINTS = {"row_sum": row_sum}
+TOLERANCES = {torch.float64: (1e-12, 1e-12)}
+SIZES = {"small": dict(n=6), "tiny": dict(n=2)}
+
+
+def case(route_id, p, gen, device):
+    return "row_sum", {"x": torch.randn(3, p.n, generator=gen, dtype=torch.float64),
+                       "which": route_id.rpartition(".")[2]}, {}
+
+
+def reference(kw, case):
+    return {"value": kw["x"].sum(-1)}
+
+
+def example(pick):
+    return dict(n=pick(range(1, 4)))
+
+
+def holds(check, case):
+    check.matches_reference(case, check.forward(case))
+
+
+ORACLES = (("python loop", "tiny", lambda kw, case: {"value": torch.tensor([sum(r) for r in kw["x"].tolist()],
+                                                                           dtype=torch.float64)}),)
+PROPERTIES = (("matches the reference", "crashy.*", holds),)
+ADVERSARIAL = (("huge", {"x": lambda x: x * 1e30}, None, {"allow_inf": ("value",)}),)
+BAD_INPUTS = (("x", "a list", [1.0]),)
+BATCH_ITEMS = (("a row", "crashy.*", {"x": 0, "value": 0}),)
+'''
+
+
+def test_jobs_a_crashing_worker_fails_only_the_unit_it_ran(tmp_path):
+    """A worker process that dies (a segfault in code the route calls) fails the unit it was running alone, with
+    its exit code and the last lines of its output; every other unit's result stands and the report is written."""
+    import subprocess
+    import sys
+
+    (tmp_path / "crashy").mkdir()
+    (tmp_path / "crashy" / "__init__.py").write_text('"""A family with a route that crashes its process."""\n')
+    (tmp_path / "crashy" / "family.py").write_text(CRASHING)
+    env = {**os.environ, "SENTINEL_FAMILY_PATH": str(tmp_path), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "verify", "--family", "crashy", "--jobs", "2",
+                           "--examples", "2", "--json", str(tmp_path / "report.json")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {r["id"]: r for r in json.loads((tmp_path / "report.json").read_text())["routes"]}
+    assert rows["crashy.sums"]["status"] == "pass"  # beside the crash, untouched
+    checks = {c["name"]: c for c in rows["crashy.crashes"]["checks"]}
+    died = [name for name, c in checks.items() if "died (exit code -11 (SIGSEGV))" in c["detail"]]
+    assert died and all("about to crash on a wide row" in checks[n]["detail"] for n in died)
+    assert checks["properties"]["status"] == "pass"  # its examples are narrow: the unit ran, in its own process
 
 
 def test_jobs_a_stalled_unit_prints_which_it_is_and_its_stack(in_process_jobs, monkeypatch, capsys):
@@ -674,7 +744,7 @@ def test_log_row_prints_one_line_per_row_off_a_terminal(capsys, toy_family):
     assert re.fullmatch(r"\[2/5\] toy\.slow float32: pass in \d+\.\d s", line), line
 
 
-@pytest.mark.parametrize("value", ["0", "x"])
+@pytest.mark.parametrize("value", ["-1", "x"])
 def test_bad_jobs_is_a_usage_error(value, capsys):
     from kernel_sentinel.cli import main
 

@@ -31,16 +31,16 @@ def across_the_epochs_wrap(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 ENTRY_POINTS = {f.__name__: f for f in (segment_reduce, segment_max_backward, segment_min_backward,
                                         across_the_epochs_wrap)}
-ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
+_ADJOINTS = {"max": segment_max_backward.__name__, "min": segment_min_backward.__name__}
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12),
               torch.bfloat16: (2e-2, 1e-2),  # output rounding: 2**-8 relative
               torch.float16: (2e-3, 2e-3)}  # 2**-11 relative
-F32, F64, BF16, F16 = TOLERANCES
-EMPTY = -1.5  # the value of empty segments in every case (exact in every dtype)
-ONE_BLOCK_MAX = triton_ops.INTERPRETED.short_rows  # the interpreter's short rows: at most this many is one pass
+_F32, _F64, _BF16, _F16 = TOLERANCES
+_EMPTY = -1.5  # the value of empty segments in every case (exact in every dtype)
+_ONE_BLOCK_MAX = triton_ops.INTERPRETED.short_rows  # the interpreter's short rows: at most this many is one pass
 # the index form each route without an index branch is verified with (both forms are reached across routes)
-FORMS = {"one_block": "ids", "blocked": "offsets", "sum": "offsets", "mean": "ids", "max": "ids", "min": "offsets"}
-ALL = "segment.*"
+_FORMS = {"one_block": "ids", "blocked": "offsets", "sum": "offsets", "mean": "ids", "max": "ids", "min": "offsets"}
+_ALL = "segment.*"
 
 # A problem: segment lengths (zeros are empty segments), trailing dims of x, integer-valued data (ties) or N(0, 1),
 # and ``sign``: all upstream weights +-1 (0: random). ``short``: the lengths of one-pass routes (``lengths``: a
@@ -91,13 +91,13 @@ def fit(route_id: str, p: Any, device: torch.device) -> dict:
     lengths = p.short if one_block and "short" in p else p.lengths
     wide = one_block and reduce == "sum" and "wide" in p  # the bounds are written alike for every reduction
     return dict(p, lengths=fitted(route_id, lengths, device), trailing=p.wide if wide else p.trailing,
-                integers=p.get("integers", reduce in ADJOINTS))
+                integers=p.get("integers", reduce in _ADJOINTS))
 
 
 def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
     path = _path(route_id)
     reduce = path["reduce"]
-    form = path.get("index", FORMS[path["rows"]] if "rows" in path else FORMS[reduce])
+    form = path.get("index", _FORMS[path["rows"]] if "rows" in path else _FORMS[reduce])
     size, S = (sum(p.lengths), *p.trailing), len(p.lengths)
     x = torch.randint(-2, 3, size, generator=gen).double() if p.integers else \
         torch.randn(size, generator=gen, dtype=torch.float64)
@@ -106,14 +106,14 @@ def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> t
         weights = torch.full_like(weights, p.sign)
     index, use_triton = oracle.csr_index(p.lengths, form), path["backend"] == "triton"
     if path["op"] == "adjoint":
-        return ADJOINTS[reduce], {"grad_output": weights, "x": x, **index, "use_triton": use_triton}, {}
-    kwargs = {"x": x, "reduce": reduce, **index, **({"num_segments": S} if form == "ids" else {}), "empty": EMPTY,
+        return _ADJOINTS[reduce], {"grad_output": weights, "x": x, **index, "use_triton": use_triton}, {}
+    kwargs = {"x": x, "reduce": reduce, **index, **({"num_segments": S} if form == "ids" else {}), "empty": _EMPTY,
               "use_triton": use_triton}
     return segment_reduce.__name__, kwargs, {"value": weights} if path.get("grad", "train") == "train" else {}
 
 
 def outputs(result: torch.Tensor, case: Any) -> dict:
-    return {"grad_x": result} if case.entry in ADJOINTS.values() else {"value": result}
+    return {"grad_x": result} if case.entry in _ADJOINTS.values() else {"value": result}
 
 
 def _bounds(kw: dict) -> list[int]:
@@ -128,7 +128,7 @@ def _bounds(kw: dict) -> list[int]:
 
 def _by(reduce_fn, grad_fn):
     def compute(kw: dict, case: Any) -> dict:
-        reduce, bounds = kw.get("reduce") or next(r for r, n in ADJOINTS.items() if n == case.entry), _bounds(kw)
+        reduce, bounds = kw.get("reduce") or next(r for r, n in _ADJOINTS.items() if n == case.entry), _bounds(kw)
         if "grad_output" in kw:
             return {"grad_x": grad_fn(kw["x"], reduce, bounds, kw["grad_output"])}
         value = {"value": reduce_fn(kw["x"], reduce, bounds, kw["empty"])}
@@ -144,7 +144,7 @@ ORACLES = (("dense membership matrix", "small", _by(oracle.dense_reduce, oracle.
 
 # --------------------------------------------------------------------------------------------- batch items
 
-BATCH_ITEMS = (("a segment", ALL, {"ragged": dict(rows=("x", "grad_x"), per_item=("grad_output", "value"))}),)
+BATCH_ITEMS = (("a segment", _ALL, {"ragged": dict(rows=("x", "grad_x"), per_item=("grad_output", "value"))}),)
 
 
 # ---------------------------------------------------------------------------------------------- properties
@@ -183,11 +183,11 @@ def permutation(check: Any, case: Any) -> None:
     perm = torch.tensor(perm, dtype=torch.int64)
     moved = case.transformed("rows permuted within segments", x=lambda x: x[perm])
     before, after, reduce = check.run(case), check.run(moved), case.kwargs["reduce"]
-    if reduce in ADJOINTS:
+    if reduce in _ADJOINTS:
         check.expect(torch.equal(before["value"], after["value"]), f"{reduce} changed under a permutation")
     else:
         check.close("value after permuting rows", after["value"], before["value"])
-    if "grad_x" in after and reduce in ADJOINTS:
+    if "grad_x" in after and reduce in _ADJOINTS:
         check.close("grad_x after permuting rows", after["grad_x"], check.reference(moved)["grad_x"])
     elif "grad_x" in after:
         check.expect(torch.equal(after["grad_x"], before["grad_x"][perm.to(case.device)]),
@@ -267,25 +267,25 @@ def chunks_follow_the_rule(check: Any, case: Any) -> None:
     check.expect(got == want, f"chunk rows of lengths {lengths}: {got}, the rule gives {want}")
 
 
-REDUCE_ROUTES = ("segment.triton.*.infer.*", "segment.triton.*.train.*", "segment.torch.sum", "segment.torch.mean",
+_REDUCE_ROUTES = ("segment.triton.*.infer.*", "segment.triton.*.train.*", "segment.torch.sum", "segment.torch.mean",
                  "segment.torch.max", "segment.torch.min")
-TIED = lambda pick: example(pick, integers=True)  # noqa: E731
-CHUNKED_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.triton.*_backward")
+_TIED = lambda pick: example(pick, integers=True)  # noqa: E731
+_CHUNKED_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.triton.*_backward")
 # About one property per route and dtype (the interpreter is slow): every route has at least one at every dtype.
 PROPERTIES = (
     ("permuting rows within a segment: same value, max/min gradient moves to the new first occurrence",
-     REDUCE_ROUTES, permutation, (F32,)),
-    ("ids and offsets forms agree bitwise", REDUCE_ROUTES[:2], forms_agree, (F64,)),
+     _REDUCE_ROUTES, permutation, (_F32,)),
+    ("ids and offsets forms agree bitwise", _REDUCE_ROUTES[:2], forms_agree, (_F64,)),
     ("sum equals mean times count", ("segment.triton.sum.*", "segment.triton.mean.*", "segment.torch.sum",
-                                     "segment.torch.mean"), sum_is_mean_times_count, (BF16,)),
+                                     "segment.torch.mean"), sum_is_mean_times_count, (_BF16,)),
     ("ties in integer data: the first occurrence gets the whole gradient, either sign",
-     ("segment.triton.max.*", "segment.triton.min.*", "segment.torch.max", "segment.torch.min"), ties, (BF16,), TIED),
+     ("segment.triton.max.*", "segment.triton.min.*", "segment.torch.max", "segment.torch.min"), ties, (_BF16,), _TIED),
     ("ties in integer data: the adjoint gives the whole gradient to the first occurrence, either sign",
-     "segment.*_backward", ties, (), TIED),
-    ("NaN propagates to its segment; the first NaN is the arg", ALL, nan_propagates, (F16,)),
-    ("a long segment's chunks follow the documented rule", CHUNKED_ROUTES, chunks_follow_the_rule, (F32,)),
+     "segment.*_backward", ties, (), _TIED),
+    ("NaN propagates to its segment; the first NaN is the arg", _ALL, nan_propagates, (_F16,)),
+    ("a long segment's chunks follow the documented rule", _CHUNKED_ROUTES, chunks_follow_the_rule, (_F32,)),
 )
-FINITE_DIFFERENCES = REDUCE_ROUTES[2:]
+FINITE_DIFFERENCES = _REDUCE_ROUTES[2:]
 
 
 # ------------------------------------------------------------------------------------------------- guards
@@ -304,7 +304,7 @@ def _expect_empty(check: Any, case: Any, outputs: dict) -> None:
     if "value" in outputs:
         for s, n in enumerate(case.problem.lengths):
             if n == 0:
-                check.expect(bool((outputs["value"][s] == EMPTY).all()), f"empty segment {s} is not {EMPTY}")
+                check.expect(bool((outputs["value"][s] == _EMPTY).all()), f"empty segment {s} is not {_EMPTY}")
     if "grad_x" in outputs:
         check.close("grad_x", outputs["grad_x"], check.reference(case)["grad_x"])
 
@@ -314,21 +314,21 @@ def _lengths(lengths: tuple[int, ...]) -> dict:
     return {"problem": lambda c: {"lengths": fitted(c.route_id, lengths, c.device)}}
 
 
-# the backward's rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): MANY
-# empty segments in one tile take three windows; placed at row ONE_BLOCK_MAX - 1, the last row of a backward tile
-# under the interpreter (8-row tiles), every boundary of the windows equals that row. In the forward they are MANY
+# the backward's rows find their segment among the CSR boundaries BOUNDARY_WINDOW at a time (offsets form): _MANY
+# empty segments in one tile take three windows; placed at row _ONE_BLOCK_MAX - 1, the last row of a backward tile
+# under the interpreter (8-row tiles), every boundary of the windows equals that row. In the forward they are _MANY
 # empty short segments sharing programs with the non-empty ones.
-MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
+_MANY = 2 * triton_ops.BOUNDARY_WINDOW + 1
 # the interpreter's sizes: segments of one row less than and exactly the short rows (one pass), one row more (long,
 # one chunk), empty, exactly one chunk, one row more (a one-row second chunk), short, and one over more chunks than
 # the combine has lanes (two combine steps); integer data: ties inside chunks, across chunks and across lanes.
 # The backward's 8-row tiles see segments ending one row before, on and after their edges.
 _SIZES = triton_ops.INTERPRETED
-EDGES = (ONE_BLOCK_MAX - 1, ONE_BLOCK_MAX, ONE_BLOCK_MAX + 1, 0, _SIZES.min_chunk, _SIZES.min_chunk + 1, 2,
+_EDGES = (_ONE_BLOCK_MAX - 1, _ONE_BLOCK_MAX, _ONE_BLOCK_MAX + 1, 0, _SIZES.min_chunk, _SIZES.min_chunk + 1, 2,
          (_SIZES.combine_lanes + 1) * _SIZES.max_chunk - 3)
-SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
+_SEVERAL_BLOCK_ROUTES = ("segment.triton.*.infer.blocked", "segment.triton.*.train.*", "segment.torch.*",
                         "segment.triton.*_backward")
-NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
+_NO_ROWS_ROUTES = ("segment.triton.*.infer.one_block", "segment.triton.*.train.*", "segment.torch.*",
                   "segment.triton.*_backward")  # N = 0 is one chunk
 
 
@@ -342,17 +342,17 @@ def _rows_one_past_fan(case: Any) -> dict:
 ADVERSARIAL = (
     ("empty segments at both ends and inside", {"problem": lambda c: {"lengths": (0, 0) + c.problem.lengths + (0,)}},
      _expect_empty),
-    (f"{MANY} empty segments at the last row of a tile: that row finds its segment past the first "
+    (f"{_MANY} empty segments at the last row of a tile: that row finds its segment past the first "
      f"{triton_ops.BOUNDARY_WINDOW} CSR boundaries, all equal to it",
-     _lengths((ONE_BLOCK_MAX - 1,) + (0,) * MANY + (1,)), "reference"),
-    ("every segment empty (N = 0)", {"problem": {"lengths": (0, 0, 0)}}, _expect_empty, {"routes": NO_ROWS_ROUTES}),
-    ("no segments (S = 0, N = 0)", {"problem": {"lengths": ()}}, _expect_empty, {"routes": NO_ROWS_ROUTES}),
+     _lengths((_ONE_BLOCK_MAX - 1,) + (0,) * _MANY + (1,)), "reference"),
+    ("every segment empty (N = 0)", {"problem": {"lengths": (0, 0, 0)}}, _expect_empty, {"routes": _NO_ROWS_ROUTES}),
+    ("no segments (S = 0, N = 0)", {"problem": {"lengths": ()}}, _expect_empty, {"routes": _NO_ROWS_ROUTES}),
     ("no columns (D = 0)", {"problem": {"trailing": (0,)}}),
     ("+inf and -inf rows", {"x": _infinities}, None, {"allow_inf": ("value",)}),
-    (f"segments of one row less than, exactly, one row more than {ONE_BLOCK_MAX} (short) rows, of one and two "
+    (f"segments of one row less than, exactly, one row more than {_ONE_BLOCK_MAX} (short) rows, of one and two "
      f"chunks, an empty one, one over five chunks, ties (integer data) and D = 3",
-     {"problem": lambda c: {"lengths": fitted(c.route_id, EDGES, c.device), "trailing": (3,)}}, "reference",
-     {"routes": SEVERAL_BLOCK_ROUTES}),
+     {"problem": lambda c: {"lengths": fitted(c.route_id, _EDGES, c.device), "trailing": (3,)}}, "reference",
+     {"routes": _SEVERAL_BLOCK_ROUTES}),
     (f"N = 1 (mod {FAN.value}) rows in the ids form: searches over a window of {FAN.value} k + 1 ids",
      {"problem": _rows_one_past_fan}, "reference", {"routes": ("segment.triton.*.train.ids",)}),
     ("ids without num_segments (S read from ids[-1])", lambda c: c.without("no num_segments", "num_segments"),
@@ -397,24 +397,24 @@ def nan_where_the_ids_misplace(case: Any, outputs: dict) -> None:
                 f"{[k for k, bad in enumerate(want) if bad]}")
 
 
-BACKWARD, IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
+_BACKWARD, _IDS = "segment.*_backward", lambda c: _in_form(c, "ids")
 STANDARD_BAD_INPUTS = (dict(tensors=("x",), flags=("use_triton",),
                             csr=dict(in_form=_in_form, ids_device_mode=nan_where_the_ids_misplace,
                                      segments=lambda c: len(c.problem.lengths), tile_rows=triton_ops.short_rows)),
-                       dict(choices={"reduce": "prod"}, routes=REDUCE_ROUTES),
-                       dict(tensors=("grad_output",), shapes={"grad_output": (-1,)}, routes=BACKWARD))
+                       dict(choices={"reduce": "prod"}, routes=_REDUCE_ROUTES),
+                       dict(tensors=("grad_output",), shapes={"grad_output": (-1,)}, routes=_BACKWARD))
 BAD_INPUTS = (
-    ("empty", "a string", "zero", REDUCE_ROUTES),
-    ("empty", "below float32's range", 1e-300, REDUCE_ROUTES),
+    ("empty", "a string", "zero", _REDUCE_ROUTES),
+    ("empty", "below float32's range", 1e-300, _REDUCE_ROUTES),
     ("offsets", "both index forms", lambda c: _unindexed(c, "both index forms", "offsets", "ids")),
     ("offsets", "neither index form", lambda c: _unindexed(c, "no index")),
-    ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, SEVERAL_BLOCK_ROUTES,
+    ("ids", "num_segments inside a long segment 1", _stray_in_long_segment_1, _SEVERAL_BLOCK_ROUTES,
      nan_where_the_ids_misplace),
-    ("num_segments", "a float", lambda c: IDS(c).with_kwargs(c.description, num_segments=2.5), REDUCE_ROUTES),
-    ("num_segments", "a bool", lambda c: IDS(c).with_kwargs(c.description, num_segments=True), REDUCE_ROUTES),
-    ("num_segments", "negative", lambda c: IDS(c).with_kwargs(c.description, num_segments=-1), REDUCE_ROUTES),
+    ("num_segments", "a float", lambda c: _IDS(c).with_kwargs(c.description, num_segments=2.5), _REDUCE_ROUTES),
+    ("num_segments", "a bool", lambda c: _IDS(c).with_kwargs(c.description, num_segments=True), _REDUCE_ROUTES),
+    ("num_segments", "negative", lambda c: _IDS(c).with_kwargs(c.description, num_segments=-1), _REDUCE_ROUTES),
     ("num_segments", "not offsets.numel() - 1",
-     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99), REDUCE_ROUTES))
+     lambda c: _in_form(c, "offsets").with_kwargs(c.description, num_segments=99), _REDUCE_ROUTES))
 
 
 # ------------------------------------------------------------------------------------------- documentation
@@ -425,15 +425,15 @@ INVARIANTS = {"tests/test_segment.py": (
     "test_trailing_dims_strided_x_and_repeatability", "test_custom_ops_pass_opcheck",
     "test_peer_defect_torch_segment_reduce_tie_gradient")}
 
-GRADIENT_ROUTES = ("segment.*.train.*", "segment.*_backward")
+_GRADIENT_ROUTES = ("segment.*.train.*", "segment.*_backward")
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
     "NaN in the loss": ("segment/reduce-triton.md#numerical-guards", "guide/segment.md#conventions",
                         "guards check (NaN/inf input, empty segments); written check (poisoned allocations)"),
     "NaN in the backward": ("segment/reduce-triton.md#numerical-guards", "segment/adjoint-triton.md#routes",
-                            "guards check on the training routes and the adjoints", GRADIENT_ROUTES),
+                            "guards check on the training routes and the adjoints", _GRADIENT_ROUTES),
     "wrong gradients": ("segment/adjoint-triton.md#routes", "guide/segment.md#ties-compared-with-torchsegment_reduce",
                         "reference check (first occurrence of a tie gets the gradient); adjoints bitwise vs autograd",
-                        GRADIENT_ROUTES),
+                        _GRADIENT_ROUTES),
     "out of memory": ("segment/reduce-triton.md#dispatch-conditions", "guide/segment.md#backends",
                       "one (S, D) output and per-chunk partials (N / short rows); no (N, S) intermediate"),
     "backend mismatch": ("segment/reduce-triton.md#verification", "segment/reduce-torch.md#routes",

@@ -18,10 +18,10 @@ from provable_kernels.triton_math import lse_shift
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-9, 1e-9)}
 PARTS = ("family_head", "family_exact")
-TENSORS, PATH = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end"), ("score", "labels", "starts")
-ROUTES, TRAIN = ("semicrf.triton.*", "semicrf.torch.*"), "semicrf.*.train"
+_TENSORS, _PATH = ("cum_scores", "transition", "duration_bias", "proj_start", "proj_end"), ("score", "labels", "starts")
+_ROUTES, _TRAIN = ("semicrf.triton.*", "semicrf.torch.*"), "semicrf.*.train"
 ENTRY_POINTS = {f.__name__: f for f in (semi_crf_streaming_forward, semi_crf_viterbi)}
-VITERBI = semi_crf_viterbi.__name__
+_VITERBI = semi_crf_viterbi.__name__
 # A problem: sizes, lengths, 3-D transition (None: on the training routes), projections, ``unit_weights``. The small
 # case reaches every kernel line (`sentinel verify --coverage`): unequal lengths (the outside recursion starts at each
 # sequence's own length; an offset error shows only in b >= 1), 3-D transitions on the training routes, projections.
@@ -53,7 +53,7 @@ def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> t
                                                                               if n in path})
     weights = torch.ones(p.B, dtype=torch.float64) if p.get("unit_weights") else torch.randn(
         p.B, generator=gen.manual_seed(p.seed + 1), dtype=torch.float64)
-    entry = VITERBI if path["op"] == "viterbi" else semi_crf_streaming_forward.__name__
+    entry = _VITERBI if path["op"] == "viterbi" else semi_crf_streaming_forward.__name__
     return entry, kwargs, {"value": weights} if path.get("grad") == "train" else {}
 
 
@@ -64,17 +64,17 @@ def decoded(result: Any, T: int) -> dict:
 
 
 def outputs(result: Any, case: Any) -> dict:
-    return decoded(result, case.kwargs["cum_scores"].shape[1] - 1) if case.entry == VITERBI else {"value": result}
+    return decoded(result, case.kwargs["cum_scores"].shape[1] - 1) if case.entry == _VITERBI else {"value": result}
 
 
 def _model(kw: dict) -> dict:
-    return {n: kw[n] for n in TENSORS + ("lengths", "K")}
+    return {n: kw[n] for n in _TENSORS + ("lengths", "K")}
 
 
 def reference(kw: dict, case: Any) -> dict:
     """``oracle.naive_partition`` (the plain recursion keeping every alpha); Viterbi: ``viterbi_by_gradient``."""
-    if case.entry == VITERBI:
-        return dict(zip(PATH, oracle.viterbi_by_gradient(**_model(kw))))
+    if case.entry == _VITERBI:
+        return dict(zip(_PATH, oracle.viterbi_by_gradient(**_model(kw))))
     return {"value": oracle.naive_partition(**_model(kw), semiring=kw["semiring"])}
 
 
@@ -83,10 +83,10 @@ def exact_backend(kw: dict, case: Any) -> dict:
     loudly)."""
     edge, lengths = edges_from_streaming(**{n: x for n, x in _model(kw).items() if n != "lengths"}), kw["lengths"]
     best = SemiMarkov(semirings.Log() if kw.get("semiring") == "log" else semirings.Max())
-    if case.entry != VITERBI:
+    if case.entry != _VITERBI:
         return {"value": best.logpartition(edge, lengths)}
     segments = oracle.segments_from_edge_indicator(best.marginals(edge, lengths))
-    return dict(zip(PATH, (best.logpartition(edge, lengths), *oracle.path_tensors(segments, edge.shape[1]))))
+    return dict(zip(_PATH, (best.logpartition(edge, lengths), *oracle.path_tensors(segments, edge.shape[1]))))
 
 
 def brute_force(kw: dict, case: Any) -> dict:
@@ -95,7 +95,7 @@ def brute_force(kw: dict, case: Any) -> dict:
 
 
 ORACLES = (("exact backend", "small", exact_backend), ("brute force", "tiny", brute_force))
-BATCH_ITEMS = (("a sequence", ROUTES, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value", *PATH,
+BATCH_ITEMS = (("a sequence", _ROUTES, dict.fromkeys(("cum_scores", "proj_start", "proj_end", "lengths", "value", *_PATH,
                                                      "grad_cum_scores", "grad_proj_start", "grad_proj_end"), 0),
                 ("grad_transition", "grad_duration_bias")),)
 
@@ -125,7 +125,7 @@ def viterbi_score(kw: dict, case: Any) -> dict:
 
 
 def linear_chain(kw: dict, case: Any) -> dict:
-    return {"score" if case.entry == VITERBI else "value": oracle.linear_chain(**_model(kw),
+    return {"score" if case.entry == _VITERBI else "value": oracle.linear_chain(**_model(kw),
                                                                                semiring=kw.get("semiring", "max"))}
 
 
@@ -170,16 +170,16 @@ def pinned(name: str, direction: torch.Tensor) -> torch.Tensor:
 
 AGREEMENTS = (
     ("max route == Viterbi score", "semicrf.*.max.*", viterbi_score),
-    ("K = 1 equals a linear-chain CRF", ROUTES, linear_chain, (), lambda pick: example(pick, K=1)),
+    ("K = 1 equals a linear-chain CRF", _ROUTES, linear_chain, (), lambda pick: example(pick, K=1)),
     ("value equals the exact backend on random shapes", ("semicrf.*.log.*", "semicrf.*.max.*"),
      lambda kw, case: {"value": exact_backend(kw, case)["value"]}))
 PROPERTIES = (
     ("logZ >= Viterbi score", "semicrf.*.log.*", logz_above_best),
-    ("gradient wrt cum_scores sums to 0 over t per label", TRAIN, cum_gradient_sums_to_zero),
+    ("gradient wrt cum_scores sums to 0 over t per label", _TRAIN, cum_gradient_sums_to_zero),
     ("start/end marginals in [0, 1], each position covered once", "semicrf.*.log.train", marginals, (),
      lambda pick: {**example(pick, projections=True), "unit_weights": True}),
     ("Viterbi path is a valid segmentation scoring the Viterbi score", "semicrf.*.viterbi", viterbi_path))
-FINITE_DIFFERENCES = TRAIN
+FINITE_DIFFERENCES = _TRAIN
 
 
 def neg_inf_iff_longer_than_K(check: Any, case: Any, outputs: dict) -> None:
@@ -198,37 +198,37 @@ def _large(scale: float, offset: float) -> dict:
             "transition": lambda x: x * scale + offset, "duration_bias": lambda x: x * scale - offset}
 
 
-NO_PATH, NEG_INF = {"allow_inf": ("value", "score")}, lambda x: x.fill_(-math.inf)
-ALL_LENGTHS_1 = {"problem": lambda c: {"lengths": (1,) * c.problem.B}}
-K_ABOVE_T = {"problem": lambda c: {"K": c.problem.T + 2}}
+_NO_PATH, _NEG_INF = {"allow_inf": ("value", "score")}, lambda x: x.fill_(-math.inf)
+_ALL_LENGTHS_1 = {"problem": lambda c: {"lengths": (1,) * c.problem.B}}
+_K_ABOVE_T = {"problem": lambda c: {"K": c.problem.T + 2}}
 # Triton kernels reduce durations in chunks of DB rows, DB * CP (2-D) or DB * CP^2 (3-D) <= 4096 elements
 # (triton_ops.config; CP = C padded to a power of two): many labels give several chunks per step, merged online.
 # Huge scores: logZ within 1e-6 relative, gradients 1e-4 ("agrees"), as for O(1) scores.
 ADVERSARIAL = (
-    ("all transitions -inf, 3-D transition", {"problem": {"transition_3d": True}, "transition": NEG_INF},
-     neg_inf_iff_longer_than_K, NO_PATH),
-    ("all transitions -inf, 2-D transition", {"problem": {"transition_3d": False}, "transition": NEG_INF},
-     neg_inf_iff_longer_than_K, NO_PATH),
+    ("all transitions -inf, 3-D transition", {"problem": {"transition_3d": True}, "transition": _NEG_INF},
+     neg_inf_iff_longer_than_K, _NO_PATH),
+    ("all transitions -inf, 2-D transition", {"problem": {"transition_3d": False}, "transition": _NEG_INF},
+     neg_inf_iff_longer_than_K, _NO_PATH),
     ("self transitions -inf", {"transition": lambda x: x.masked_fill(torch.eye(x.shape[-1], dtype=torch.bool),
                                                                      -math.inf)}),
-    ("durations > 1 forbidden (-inf bias)", {"duration_bias": lambda x: torch.cat([x[:1], NEG_INF(x[1:])])}),
+    ("durations > 1 forbidden (-inf bias)", {"duration_bias": lambda x: torch.cat([x[:1], _NEG_INF(x[1:])])}),
     ("scores, transitions, duration biases * 1e4", _large(1e4, 0), "agrees"),
     ("offsets of 1e4 keeping the distribution", _large(1, 1e4), "agrees"),
     ("length 1", {"problem": lambda c: {"lengths": (1,) + c.problem.lengths[1:]}}),
-    ("all lengths 1", ALL_LENGTHS_1),
+    ("all lengths 1", _ALL_LENGTHS_1),
     ("T = 1", {"problem": lambda c: {"T": 1, "lengths": (1,) * c.problem.B}}),
-    ("K > T", K_ABOVE_T),
+    ("K > T", _K_ABOVE_T),
     ("C = 33, 3-D transitions: one duration per chunk", {"problem": {"C": 33, "transition_3d": True}}, "reference"),
     ("C = 40, K = T = 65, 2-D transitions: two duration chunks",
      {"problem": {"T": 65, "K": 65, "C": 40, "lengths": (65, 30)}}, "reference"),
     ("NaN input", {"cum_scores": lambda x: x.index_fill(1, torch.tensor([1]), math.nan)}, None, {"errors_ok": True}))
 
-LENGTH = lambda c: c.problem.T  # noqa: E731  (the longest length allowed)
-SHAPES = {"transition": (0, -1), "duration_bias": (0, 1), "lengths": (0,), "proj_start": (0, 1, 2),
+_LENGTH = lambda c: c.problem.T  # noqa: E731  (the longest length allowed)
+_SHAPES = {"transition": (0, -1), "duration_bias": (0, 1), "lengths": (0,), "proj_start": (0, 1, 2),
           "proj_end": (0, 1, 2)}  # the dims that cum_scores, lengths and K fix
-STANDARD_BAD_INPUTS = (dict(tensors=TENSORS + ("lengths",), other_device=TENSORS[1:] + ("lengths",),
-                            rejects_nan=TENSORS, rejects_inf=TENSORS, in_range={"lengths": (1, LENGTH)},
-                            counts={"K": 1}, flags=("use_triton",), shapes=SHAPES),
+STANDARD_BAD_INPUTS = (dict(tensors=_TENSORS + ("lengths",), other_device=_TENSORS[1:] + ("lengths",),
+                            rejects_nan=_TENSORS, rejects_inf=_TENSORS, in_range={"lengths": (1, _LENGTH)},
+                            counts={"K": 1}, flags=("use_triton",), shapes=_SHAPES),
                        dict(choices={"semiring": "viterbi"}, routes=("semicrf.*.log.*", "semicrf.*.max.*")))
 arg = lambda c, name: c.kwargs[name].detach()  # noqa: E731
 
@@ -245,7 +245,7 @@ BAD_INPUTS = (
     ("cum_scores", "C = 0", lambda c: arg(c, "cum_scores")[..., :0]),
     ("cum_scores", "a nonzero first row (scores.cumsum(1) without the zero row)", lambda c: arg(c, "cum_scores") + 1),
     ("cum_scores", "NaN in the last row of the shortest sequence (padding past its length)", _nan_in_padding),
-    # where a case's transition is 2-D, SHAPES covers this; where it is 3-D, a 2-D one of the wrong size
+    # where a case's transition is 2-D, _SHAPES covers this; where it is 3-D, a 2-D one of the wrong size
     ("transition", "2-D of shape (C+1, C)", lambda c: arg(c, "transition").new_zeros(c.problem.C + 1, c.problem.C)))
 
 INVARIANTS = {"tests/test_verify.py": ("test_every_semicrf_route_passes_quick",), "tests/test_semicrf_reference.py": (
@@ -259,21 +259,21 @@ INVARIANTS = {"tests/test_verify.py": ("test_every_semicrf_route_passes_quick",)
     "test_log_gradients_against_brute_force", "test_gradients_are_bitwise_deterministic",
     "test_viterbi_against_oracle_with_ties")}
 
-GUIDE, TRACE = "guide/semicrf", "semicrf/partition-triton.md"
+_GUIDE, _TRACE = "guide/semicrf", "semicrf/partition-triton.md"
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
-    "NaN in the loss": (f"{TRACE}#numerical-guards", f"{GUIDE}-training.md#value-checks-and-host-syncs",
+    "NaN in the loss": (f"{_TRACE}#numerical-guards", f"{_GUIDE}-training.md#value-checks-and-host-syncs",
                         "guards check (-inf transitions, huge scores, length 1); written check (poisoned allocations); "
                         "NaN inputs rejected by validation"),
-    "NaN in the backward": (f"{TRACE}#numerical-guards", f"{GUIDE}-training.md#accuracy-and-score-magnitude",
+    "NaN in the backward": (f"{_TRACE}#numerical-guards", f"{_GUIDE}-training.md#accuracy-and-score-magnitude",
                             "guards check on the training routes; the -inf-safe logsumexp shift (Numerical guards)",
-                            TRAIN),
-    "wrong gradients": (f"{TRACE}#routes", f"{GUIDE}-conventions.md#loss-and-decoding", "reference and exact checks "
-                        "(every gradient vs the float64 oracle); finite-difference property", TRAIN),
-    "out of memory": ("semicrf/index.md#known-issues", f"{GUIDE}-conventions.md#exact-backend-edges",
+                            _TRAIN),
+    "wrong gradients": (f"{_TRACE}#routes", f"{_GUIDE}-conventions.md#loss-and-decoding", "reference and exact checks "
+                        "(every gradient vs the float64 oracle); finite-difference property", _TRAIN),
+    "out of memory": ("semicrf/index.md#known-issues", f"{_GUIDE}-conventions.md#exact-backend-edges",
                       "the streaming routes' O(T*C) per sequence (the Triton training route's saved gradients, the "
                       "PyTorch route's float64 inputs); the exact backend is for small problems"),
-    "backend mismatch": (f"{TRACE}#verification", "semicrf/partition-torch.md#routes",
-                         "reference and exact checks: both backends against the same float64 oracle", ROUTES)}
+    "backend mismatch": (f"{_TRACE}#verification", "semicrf/partition-torch.md#routes",
+                         "reference and exact checks: both backends against the same float64 oracle", _ROUTES)}
 
 GUARDS = (
     ("Arguments are validated before dispatch: wrong type, rank, shape, dtype or device, lengths outside 1..T, "

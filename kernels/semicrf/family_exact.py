@@ -15,19 +15,19 @@ from provable_kernels.semicrf import semiring as semirings
 from provable_kernels.semicrf import oracle
 from provable_kernels.semicrf.exact import EXACT_TREE as TREE
 from provable_kernels.semicrf.exact import SemiMarkov, edges_from_streaming
-from provable_kernels.semicrf.family import ALL_LENGTHS_1, K_ABOVE_T, LENGTH, inputs, small_example
+from provable_kernels.semicrf.family import _ALL_LENGTHS_1, _K_ABOVE_T, _LENGTH, inputs, small_example
 
-ROUTES, MARGINALS = "semicrf.exact.*", "semicrf.exact.marginals.*"
-LOGPARTITION = tuple(route.id for route, path in TREE.paths() if path[0][1] == "logpartition")
-PAIRS = ("semicrf.exact.cross_entropy", "semicrf.exact.kl_divergence")
-SINGLE = tuple(r for r in LOGPARTITION if r not in PAIRS) + (MARGINALS,)
-KMAX = 3
-SEMIRINGS = {"log": semirings.Log, "max": semirings.Max, "counting": semirings.Counting, "entropy": semirings.Entropy,
+_ROUTES, _MARGINALS = "semicrf.exact.*", "semicrf.exact.marginals.*"
+_LOGPARTITION = tuple(route.id for route, path in TREE.paths() if path[0][1] == "logpartition")
+_PAIRS = ("semicrf.exact.cross_entropy", "semicrf.exact.kl_divergence")
+_SINGLE = tuple(r for r in _LOGPARTITION if r not in _PAIRS) + (_MARGINALS,)
+_KMAX = 3
+_SEMIRINGS = {"log": semirings.Log, "max": semirings.Max, "counting": semirings.Counting, "entropy": semirings.Entropy,
              "cross_entropy": semirings.CrossEntropy, "kl_divergence": semirings.KLDivergence,
-             "kmax": lambda: semirings.KMax(KMAX)}
-MODEL = dict(transition_3d=True, proj_start=True, proj_end=True)  # the streaming parameters the edges come from
-SIZES = {"small": dict(B=2, T=5, K=3, C=2, lengths=(5, 3), **MODEL), "tiny": dict(B=2, T=4, K=2, C=2, lengths=(4, 2),
-                                                                                  **MODEL)}
+             "kmax": lambda: semirings.KMax(_KMAX)}
+_MODEL = dict(transition_3d=True, proj_start=True, proj_end=True)  # the streaming parameters the edges come from
+SIZES = {"small": dict(B=2, T=5, K=3, C=2, lengths=(5, 3), **_MODEL), "tiny": dict(B=2, T=4, K=2, C=2, lengths=(4, 2),
+                                                                                  **_MODEL)}
 
 
 def _entry(method: str):
@@ -49,9 +49,9 @@ def _parameters(p: Any, pair: bool) -> list[dict]:
 
 def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
     name = route_id.rsplit(".", 1)[1]
-    edges = [edges_from_streaming(K=p.K, **q) for q in _parameters(p, route_id in PAIRS)]
-    edge = tuple(edges) if route_id in PAIRS else edges[0].exp() if name == "counting" else edges[0]
-    semiring = semirings.Max if name == "max" else SEMIRINGS[name]()  # the class itself, as torch-struct writes it
+    edges = [edges_from_streaming(K=p.K, **q) for q in _parameters(p, route_id in _PAIRS)]
+    edge = tuple(edges) if route_id in _PAIRS else edges[0].exp() if name == "counting" else edges[0]
+    semiring = semirings.Max if name == "max" else _SEMIRINGS[name]()  # the class itself, as torch-struct writes it
     return f"SemiMarkov.{TREE.path_to(route_id)['method']}", {"semiring": semiring, "edge": edge,
                                                               "lengths": torch.tensor(p.lengths)}, {}
 
@@ -65,7 +65,7 @@ def _enumerated(case: Any, scored: list) -> dict:
     name = case.route_id.rsplit(".", 1)[1]
     if case.entry == "SemiMarkov.marginals":
         return {"marginals": oracle.edge_marginals(scored[0], case.kwargs["edge"].shape, best_only=name == "max")}
-    return {"value": oracle.semiring_value(name, scored[0], scored[-1], KMAX)}
+    return {"value": oracle.semiring_value(name, scored[0], scored[-1], _KMAX)}
 
 
 def reference(kw: dict, case: Any) -> dict:
@@ -79,17 +79,17 @@ def from_parameters(kw: dict, case: Any) -> dict:
     """Enumeration of every segmentation scored by the convention from the streaming parameters of the edges
     (``oracle.all_scores``): independent of ``edges_from_streaming`` and of the scan."""
     return _enumerated(case, [oracle.all_scores(lengths=kw["lengths"], K=case.problem.K, **q)
-                              for q in _parameters(case.problem, case.route_id in PAIRS)])
+                              for q in _parameters(case.problem, case.route_id in _PAIRS)])
 
 
 ORACLES = (("enumeration from the streaming parameters", "tiny", from_parameters),)
 BATCH_ITEMS = tuple(("a sequence", routes, {"edge": 0, "lengths": 0, "marginals": 0, "value": value_dim})
-                    for routes, value_dim in (("semicrf.exact.kmax", 1), (ROUTES, 0)))  # kmax: value (k, B)
+                    for routes, value_dim in (("semicrf.exact.kmax", 1), (_ROUTES, 0)))  # kmax: value (k, B)
 
 
 def example(pick: Any) -> dict:
-    """``small_example`` of the edges' streaming parameters (:data:`MODEL`)."""
-    return small_example(pick, **MODEL)
+    """``small_example`` of the edges' streaming parameters (:data:`_MODEL`)."""
+    return small_example(pick, **_MODEL)
 
 
 def positions_covered_once(check: Any, case: Any) -> None:
@@ -112,8 +112,8 @@ def counts_allowed(check: Any, case: Any) -> None:
     check.close("count of allowed segmentations", counted, oracle.semiring_value("counting", scored))
 
 
-AGREEMENTS = (("agrees with enumeration from the streaming parameters on random shapes", ROUTES, from_parameters),)
-PROPERTIES = (("marginal mass covers each position once", MARGINALS, positions_covered_once),
+AGREEMENTS = (("agrees with enumeration from the streaming parameters on random shapes", _ROUTES, from_parameters),)
+PROPERTIES = (("marginal mass covers each position once", _MARGINALS, positions_covered_once),
               ("0/1 weights count the allowed segmentations", "semicrf.exact.counting", counts_allowed))
 
 
@@ -131,26 +131,26 @@ def _forbid_sequence(case: Any) -> Any:
     return case.transformed("sequence 0 forbidden", edge=lambda e: e.index_fill(0, torch.tensor([0]), value))
 
 
-LOG_SPACE = tuple(r for r in LOGPARTITION if not r.endswith(".counting")) + (MARGINALS,)  # counting: exp(edge)
-INF = {"allow_inf": ("value",)}
+_LOG_SPACE = tuple(r for r in _LOGPARTITION if not r.endswith(".counting")) + (_MARGINALS,)  # counting: exp(edge)
+_INF = {"allow_inf": ("value",)}
 ADVERSARIAL = (
-    ("scores of 1e3", {"problem": {"scale": 1e3}}, matches_enumeration, {"routes": LOG_SPACE}),
+    ("scores of 1e3", {"problem": {"scale": 1e3}}, matches_enumeration, {"routes": _LOG_SPACE}),
     ("scores of 1e4", {"problem": {"scale": 1e4}}, matches_enumeration,  # the pairs' float32 stops at 1e3: known issue
-     {"routes": tuple(r for r in LOG_SPACE if r not in PAIRS)}),
-    ("every segmentation of a sequence forbidden", _forbid_sequence, None, INF),
-    ("length 1", ALL_LENGTHS_1, matches_enumeration, INF),
-    ("K > T", K_ABOVE_T, matches_enumeration))
+     {"routes": tuple(r for r in _LOG_SPACE if r not in _PAIRS)}),
+    ("every segmentation of a sequence forbidden", _forbid_sequence, None, _INF),
+    ("length 1", _ALL_LENGTHS_1, matches_enumeration, _INF),
+    ("K > T", _K_ABOVE_T, matches_enumeration))
 
 STANDARD_BAD_INPUTS = (dict(tensors=("edge",), rejects_nan=("edge",), rejects_inf=("edge",), shapes={"edge": (-1,)},
-                            routes=SINGLE),
-                       dict(tensors=("lengths",), in_range={"lengths": (1, LENGTH)}, shapes={"lengths": (0,)}))
-EDGE = lambda c: c.kwargs["edge"]  # noqa: E731
+                            routes=_SINGLE),
+                       dict(tensors=("lengths",), in_range={"lengths": (1, _LENGTH)}, shapes={"lengths": (0,)}))
+_EDGE = lambda c: c.kwargs["edge"]  # noqa: E731
 BAD_INPUTS = (
     ("semiring", "the string 'log'", "log"),
-    ("semiring", "the base class Semiring()", lambda c: semirings.Semiring(), LOGPARTITION),
-    ("semiring", "the KMax class (k missing)", lambda c: semirings.KMax, LOGPARTITION),
-    ("edge", "4-D", lambda c: EDGE(c)[0], SINGLE),
-    ("edge", "one tensor, not a pair", lambda c: EDGE(c)[0], PAIRS),
-    ("edge", "edge[1] of another shape", lambda c: (EDGE(c)[0], EDGE(c)[1][:, :-1]), PAIRS),
-    ("edge", "edge[0] with NaN", lambda c: (EDGE(c)[0].clone().fill_(math.nan), EDGE(c)[1]), PAIRS),
-    ("semiring", "Entropy() for marginals", lambda c: semirings.Entropy(), MARGINALS))
+    ("semiring", "the base class Semiring()", lambda c: semirings.Semiring(), _LOGPARTITION),
+    ("semiring", "the KMax class (k missing)", lambda c: semirings.KMax, _LOGPARTITION),
+    ("edge", "4-D", lambda c: _EDGE(c)[0], _SINGLE),
+    ("edge", "one tensor, not a pair", lambda c: _EDGE(c)[0], _PAIRS),
+    ("edge", "edge[1] of another shape", lambda c: (_EDGE(c)[0], _EDGE(c)[1][:, :-1]), _PAIRS),
+    ("edge", "edge[0] with NaN", lambda c: (_EDGE(c)[0].clone().fill_(math.nan), _EDGE(c)[1]), _PAIRS),
+    ("semiring", "Entropy() for marginals", lambda c: semirings.Entropy(), _MARGINALS))

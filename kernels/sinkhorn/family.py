@@ -32,16 +32,16 @@ def fused_mhc(x: torch.Tensor, mhc_iters: int) -> torch.Tensor:
 ENTRY_POINTS = {"sinkhorn": sinkhorn, "SinkhornKnopp": sinkhorn_knopp, "FusedMHC": fused_mhc}
 # Which entry point each route's cases call: the modules dispatch through the same tree, so some routes are
 # verified through them (the torch routes need use_triton=False, which only the function takes).
-ENTRY_OF = {"sinkhorn.triton.log.train": "FusedMHC", "sinkhorn.triton.prob.infer": "SinkhornKnopp",
+_ENTRY_OF = {"sinkhorn.triton.log.train": "FusedMHC", "sinkhorn.triton.prob.infer": "SinkhornKnopp",
             "sinkhorn.torch.large": "SinkhornKnopp"}
-ALL = "sinkhorn.*"
-FUNCTION_ROUTES = tuple(r.id for r in TREE.routes() if r.id not in ENTRY_OF)
-WITH_DOMAIN = tuple(r.id for r in TREE.routes() if ENTRY_OF.get(r.id) != "FusedMHC")
-MHC_ROUTES = tuple(r for r, e in ENTRY_OF.items() if e == "FusedMHC")
+_ALL = "sinkhorn.*"
+_FUNCTION_ROUTES = tuple(r.id for r in TREE.routes() if r.id not in _ENTRY_OF)
+_WITH_DOMAIN = tuple(r.id for r in TREE.routes() if _ENTRY_OF.get(r.id) != "FusedMHC")
+_MHC_ROUTES = tuple(r for r, e in _ENTRY_OF.items() if e == "FusedMHC")
 TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float64: (1e-10, 1e-10), torch.bfloat16: (1.6e-2, 1.6e-2),
               torch.float16: (2e-3, 2e-3)}
-EPS = 1e-3  # large enough that the probability domain's eps terms show in every comparison
-LARGE = triton_ops.MAX_N + 1  # the large route needs n > MAX_N
+_EPS = 1e-3  # large enough that the probability domain's eps terms show in every comparison
+_LARGE = triton_ops.MAX_N + 1  # the large route needs n > MAX_N
 
 # A problem: leading dims, n, iterations; logits ~ N(0, 1), or on a grid of 1/8 in [-4, 4] (``grid``: exact in
 # every dtype, also after adding an integer row shift). small: 12 matrices of n = 5 (padded to 8; the interpreter
@@ -50,19 +50,19 @@ SIZES = {"small": dict(lead=(3, 4), n=5, iters=3), "tiny": dict(lead=(2,), n=3, 
 
 
 def fit(route_id: str, p: Any, device: torch.device) -> dict:
-    """The large route's problems: one matrix of n = LARGE."""
-    return dict(p, lead=(1,), n=LARGE) if route_id == "sinkhorn.torch.large" else p
+    """The large route's problems: one matrix of n = _LARGE."""
+    return dict(p, lead=(1,), n=_LARGE) if route_id == "sinkhorn.torch.large" else p
 
 
 def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> tuple:
-    """The entry point follows :data:`ENTRY_OF`; training routes (and the large route) weigh ``out``."""
+    """The entry point follows :data:`_ENTRY_OF`; training routes (and the large route) weigh ``out``."""
     path = TREE.path_to(route_id)
     size = (*p.lead, p.n, p.n)
     x = (torch.randint(-32, 33, size, generator=gen).double() / 8 if p.get("grid") else
          torch.randn(size, generator=gen, dtype=torch.float64))
-    entry = ENTRY_OF.get(route_id, "sinkhorn")
+    entry = _ENTRY_OF.get(route_id, "sinkhorn")
     kwargs: dict[str, Any] = {"x": x, "mhc_iters": p.iters} if entry == "FusedMHC" else {
-        "x": x, "iters": p.iters, "domain": path.get("domain", "log"), "eps": EPS}
+        "x": x, "iters": p.iters, "domain": path.get("domain", "log"), "eps": _EPS}
     if entry == "sinkhorn":
         kwargs["use_triton"] = path["backend"] == "triton"
     train = path.get("grad", "train") == "train"
@@ -89,7 +89,7 @@ def scaling_form(kw: dict, case: Any) -> dict:
 
 
 ORACLES = (("scaling form (float64)", "small", scaling_form),)
-BATCH_ITEMS = (("a matrix", ALL, dict.fromkeys(("x", "out", "grad_x"), (0, -3))),)  # the leading dims flattened
+BATCH_ITEMS = (("a matrix", _ALL, dict.fromkeys(("x", "out", "grad_x"), (0, -3))),)  # the leading dims flattened
 
 
 # ---------------------------------------------------------------------------------------------- properties
@@ -129,15 +129,15 @@ def column_sums(check: Any, case: Any) -> None:
     if case.kwargs.get("domain", "log") == "log":
         check.close("column sums (log domain)", sums, torch.ones_like(sums), (slack, 0.0))
         return
-    low = 1 - EPS / (EPS + math.exp(-8.0))
+    low = 1 - _EPS / (_EPS + math.exp(-8.0))
     check.expect(bool(((sums <= 1 + slack) & (sums >= low - slack)).all()),
                  f"column sums {sums.flatten().tolist()} outside [{low}, 1] (eps bound)")
 
 
 PROPERTIES = (
-    ("adding a constant to a row leaves the output unchanged", ALL, row_shift),
-    ("permuting rows and columns permutes the output", ALL, permutation),
-    ("column sums after the last column step: 1 (log), within the eps bound (prob)", ALL, column_sums),
+    ("adding a constant to a row leaves the output unchanged", _ALL, row_shift),
+    ("permuting rows and columns permutes the output", _ALL, permutation),
+    ("column sums after the last column step: 1 (log), within the eps bound (prob)", _ALL, column_sums),
 )
 FINITE_DIFFERENCES = ("sinkhorn.*.train", "sinkhorn.torch.large")
 
@@ -166,45 +166,45 @@ def _first_matrix_huge(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([matrices[:1] * 1e4, matrices[1:]]).reshape(x.shape)
 
 
-ROW, COLUMN = (lambda i: (..., i, slice(None))), (lambda j: (..., slice(None), j))
-SMALL_N = tuple(r for r in WITH_DOMAIN + MHC_ROUTES if r != "sinkhorn.torch.large")
-REF = "reference"  # guard inputs are compared with the float64 loop too, not only checked for finiteness
+_ROW, _COLUMN = (lambda i: (..., i, slice(None))), (lambda j: (..., slice(None), j))
+_SMALL_N = tuple(r for r in _WITH_DOMAIN + _MHC_ROUTES if r != "sinkhorn.torch.large")
+_REF = "reference"  # guard inputs are compared with the float64 loop too, not only checked for finiteness
 ADVERSARIAL = (
-    ("-inf entries", {"x": _set((..., 0, 1), -math.inf)}, REF),
-    ("an all -inf row", {"x": _set(ROW(1), -math.inf)}, REF),
-    ("an all -inf column", {"x": _set(COLUMN(2), -math.inf)}, REF),
-    ("every entry -inf", {"x": lambda x: x.fill_(-math.inf)}, REF),
-    ("logits of +-1e4", {"x": lambda x: x * 1e4}, REF),
-    ("logits of +-1e4 with -inf entries", {"x": lambda x: _set((..., 0, 0), -math.inf)(x * 1e4)}, REF),
+    ("-inf entries", {"x": _set((..., 0, 1), -math.inf)}, _REF),
+    ("an all -inf row", {"x": _set(_ROW(1), -math.inf)}, _REF),
+    ("an all -inf column", {"x": _set(_COLUMN(2), -math.inf)}, _REF),
+    ("every entry -inf", {"x": lambda x: x.fill_(-math.inf)}, _REF),
+    ("logits of +-1e4", {"x": lambda x: x * 1e4}, _REF),
+    ("logits of +-1e4 with -inf entries", {"x": lambda x: _set((..., 0, 0), -math.inf)(x * 1e4)}, _REF),
     ("column 0 at -400 (rows span past the scaling-form limit: the log loop), 3 iterations",
-     {"problem": {"iters": 3}, "x": _set(COLUMN(0), -400.0)}, REF),
+     {"problem": {"iters": 3}, "x": _set(_COLUMN(0), -400.0)}, _REF),
     ("matrix 0 with logits of +-1e4, the others unchanged (one block, one loop choice for all)",
-     {"x": _first_matrix_huge}, REF),
+     {"x": _first_matrix_huge}, _REF),
     ("every logit + 1e3 (rows far from 0: exp overflows unless each row is shifted by its max)",
-     {"x": lambda x: x + 1e3}, REF),
-    ("rows spanning just under the scaling-form limit (30)", {"x": lambda x: torch.where(x > 0, 0.0, -29.9)}, REF),
-    ("rows whose largest logit is at or near the clamp, the others below it", {"x": _near_clamp}, REF),
-    ("n = 1", {"problem": {"n": 1}}, REF, {"routes": SMALL_N}),
-    ("iters = 1", {"problem": {"iters": 1}}, REF),
-    ("iters = 10 (the backward replays from several kept scalings)", {"problem": {"iters": 10}}, REF),
-    ("no leading dims", {"problem": {"lead": ()}}, REF),
+     {"x": lambda x: x + 1e3}, _REF),
+    ("rows spanning just under the scaling-form limit (30)", {"x": lambda x: torch.where(x > 0, 0.0, -29.9)}, _REF),
+    ("rows whose largest logit is at or near the clamp, the others below it", {"x": _near_clamp}, _REF),
+    ("n = 1", {"problem": {"n": 1}}, _REF, {"routes": _SMALL_N}),
+    ("iters = 1", {"problem": {"iters": 1}}, _REF),
+    ("iters = 10 (the backward replays from several kept scalings)", {"problem": {"iters": 10}}, _REF),
+    ("no leading dims", {"problem": {"lead": ()}}, _REF),
     ("B = 0", {"problem": {"lead": (0,)}}),
-    ("eps = 0 with an all -inf column", {"x": _set(COLUMN(0), -math.inf), "eps": lambda eps: 0.0}, REF,
-     {"routes": tuple(r for r in WITH_DOMAIN if ".prob." in r)}),
+    ("eps = 0 with an all -inf column", {"x": _set(_COLUMN(0), -math.inf), "eps": lambda eps: 0.0}, _REF,
+     {"routes": tuple(r for r in _WITH_DOMAIN if ".prob." in r)}),
     ("NaN input", {"x": _set((..., 0, 0), math.nan)}, None, {"errors_ok": True}))
 
 STANDARD_BAD_INPUTS = (dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",), shapes={"x": (-1,)}),
-                       dict(counts={"iters": 1}, choices={"domain": "exp"}, routes=WITH_DOMAIN),
-                       dict(counts={"mhc_iters": 1}, routes=MHC_ROUTES),
-                       dict(flags=("use_triton",), routes=FUNCTION_ROUTES))
+                       dict(counts={"iters": 1}, choices={"domain": "exp"}, routes=_WITH_DOMAIN),
+                       dict(counts={"mhc_iters": 1}, routes=_MHC_ROUTES),
+                       dict(flags=("use_triton",), routes=_FUNCTION_ROUTES))
 BAD_INPUTS = (
     ("x", "1-D", lambda c: c.kwargs["x"].reshape(-1)),
     ("x", "int32", lambda c: c.kwargs["x"].to(torch.int32)),
     ("x", "n = 0", lambda c: c.kwargs["x"][..., :0, :0]),
-    ("eps", "-1e-3", -1e-3, WITH_DOMAIN),
-    ("eps", "a string", "0.001", WITH_DOMAIN),
-    ("eps", "NaN", math.nan, WITH_DOMAIN),
-    ("eps", "1e-300 (below float32's normal range)", 1e-300, WITH_DOMAIN))
+    ("eps", "-1e-3", -1e-3, _WITH_DOMAIN),
+    ("eps", "a string", "0.001", _WITH_DOMAIN),
+    ("eps", "NaN", math.nan, _WITH_DOMAIN),
+    ("eps", "1e-300 (below float32's normal range)", 1e-300, _WITH_DOMAIN))
 
 # ------------------------------------------------------------------------------------------- documentation
 
@@ -214,15 +214,15 @@ INVARIANTS = {"tests/test_sinkhorn.py": (
     "test_scaling_form_stays_exact_at_the_span_threshold", "test_infer_routes_and_bitwise_determinism",
     "test_opcheck_custom_ops", "test_bad_inputs", "test_guide_lane_mixing_example_runs")}
 
-TRAIN = ("sinkhorn.*.train",)
+_TRAIN = ("sinkhorn.*.train",)
 FAILURE_MODES = {  # symptom: the trace section to read first, a second page, what covers it[, routes]
     "NaN in the loss": ("sinkhorn/triton-fits.md#numerical-guards", "guide/sinkhorn.md#-inf-entries-and-all-inf-rows",
                         "guards check (-inf entries, all -inf rows, huge logits); written check (poisoned "
                         "allocations)"),
     "NaN in the backward": ("sinkhorn/triton-fits.md#numerical-guards", "guide/sinkhorn.md#conventions",
-                            "guards check on the training routes", TRAIN),
+                            "guards check on the training routes", _TRAIN),
     "wrong gradients": ("sinkhorn/triton-fits.md#routes", "guide/sinkhorn.md#conventions",
-                        "reference check (gradients vs the float64 oracle); finite-difference property", TRAIN),
+                        "reference check (gradients vs the float64 oracle); finite-difference property", _TRAIN),
     "out of memory": ("sinkhorn/triton-too_large.md#routes", "guide/sinkhorn.md#routes",
                       "matrices too large for one block take the PyTorch route (dispatch condition)"),
     "backend mismatch": ("sinkhorn/triton-fits.md#verification", "sinkhorn/torch-log.md#routes",
