@@ -763,8 +763,10 @@ def worker(argv: Sequence[str]) -> int:
     here, cov = started
     import torch
 
-    from kernel_sentinel import registry
+    from kernel_sentinel import interpreter, registry
     from kernel_sentinel.rows import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
+
+    interpreter.install()  # as sentinel verify runs it (kernel_sentinel.device.prepare)
 
     (family,) = registry.select([args.family])
     for module in family.source_files():  # import-time lines count for every route
