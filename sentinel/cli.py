@@ -22,6 +22,7 @@ COMMANDS = {  # command: (module, one-line help)
     "trace": ("kernel_sentinel.trace", "regenerate the trace documents (or --check them)"),
     "gate": ("kernel_sentinel.gate", "CI gate: CPU verification, trace drift, current GPU records"),
     "mutate": ("kernel_sentinel.mutate", "plant bugs in kernel sources and measure how many verify catches"),
+    "new": ("kernel_sentinel.new", "scaffold a working kernel family"),
 }
 
 
