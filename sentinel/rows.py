@@ -41,7 +41,7 @@ class Options:
     """How to verify: device, seed (inputs and hypothesis), examples per property, quick mode (tiny sizes),
     which checks to run (all of them, unless a test or a debugging session narrows it), the CUDA device indices
     the run spreads over (``--devices``; empty: the current device only) and whether each check counts its Triton
-    launches (``--profile``: :mod:`kernel_sentinel.profile`). ``device`` is ``cuda`` without an index
+    launches and CPU time (``--profile``: :mod:`kernel_sentinel.profile`). ``device`` is ``cuda`` without an index
     on a GPU: cases are built on the current device, the one a ``--devices`` worker is pinned to."""
 
     device: torch.device

@@ -70,8 +70,8 @@ route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` 
 compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``, naming a GPU the host does not have,
 ``cpu`` or the same GPU twice.
 
-``--profile`` also prints where the time went (:mod:`kernel_sentinel.profile`): seconds and Triton launches per
-check, per family and per row, also in the JSON report (``profile``).
+``--profile`` also prints where the time went (:mod:`kernel_sentinel.profile`): wall and CPU seconds and Triton
+launches per check, per family and per row, also in the JSON report (``profile``).
 
 ``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
 device when that was made from the same sources and versions on the same GPUs
