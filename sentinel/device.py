@@ -15,12 +15,14 @@ from typing import Sequence
 import torch
 
 from provable_kernels.dispatch import interpreter_enabled
+from kernel_sentinel import interpreter
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def prepare(name: str) -> torch.device:
-    """Resolve ``auto`` (cuda when available, else cpu); on the CPU switch the Triton interpreter on.
+    """Resolve ``auto`` (cuda when available, else cpu); on the CPU switch the Triton interpreter on (and
+    :func:`kernel_sentinel.interpreter.install` its faster language patching).
 
     Raises ``ValueError`` when cuda is asked for but absent, or when Triton kernel modules were imported before
     the interpreter could be switched on (they would not run on CPU tensors).
@@ -37,6 +39,8 @@ def prepare(name: str) -> torch.device:
             raise ValueError(f"Triton kernel modules {early} were imported before TRITON_INTERPRET=1 was set; "
                              "run sentinel in a fresh process or set TRITON_INTERPRET=1 first")
         os.environ["TRITON_INTERPRET"] = "1"
+    if name == "cpu":
+        interpreter.install()  # the interpreter's language patching without its per-call member lookups
     return torch.device(name)
 
 

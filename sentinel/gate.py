@@ -241,7 +241,9 @@ def run_gate(base: Optional[str], quick: bool, cpu_verify: bool = True
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("gate", help="CI gate: CPU verification, trace drift, current GPU records",
+    from kernel_sentinel.cli import COMMANDS
+
+    parser = subparsers.add_parser("gate", help=COMMANDS["gate"][1],
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", metavar="REF", help="check only the families affected by changes since REF "
                         "(from the merge base of REF and HEAD), e.g. origin/main")

@@ -208,6 +208,7 @@ class Probe:
     case: Case
     tolerance: Tolerance
     _baseline: Optional[tuple[Case, dict[str, torch.Tensor], Outputs]] = field(default=None, repr=False)
+    _kernels: list[str] = field(default_factory=list, repr=False)
 
     def run(self, case: Case) -> Outputs:
         return run_route(self.family.run, case)
@@ -215,10 +216,19 @@ class Probe:
     def baseline(self) -> tuple[Case, dict[str, torch.Tensor], Outputs]:
         """A fresh copy of the case, a snapshot of its tensors taken before the run, and its outputs (run once)."""
         if self._baseline is None:
+            from kernel_sentinel.observed import kernel_launches  # here: observed imports this module
+
             case = fresh_case(self.case)
             before = _snapshot(case)
-            self._baseline = (case, before, self.run(case))
+            with kernel_launches() as launched:
+                outputs = self.run(case)
+            self._baseline, self._kernels = (case, before, outputs), list(dict.fromkeys(launched))
         return self._baseline
+
+    def kernels(self) -> list[str]:
+        """The Triton kernels the baseline run launched, each once, in the order of their first launch."""
+        self.baseline()
+        return self._kernels
 
     def inputs(self) -> Verdict:
         forward = fresh_case(self.case)

@@ -763,8 +763,10 @@ def worker(argv: Sequence[str]) -> int:
     here, cov = started
     import torch
 
-    from kernel_sentinel import registry
+    from kernel_sentinel import interpreter, registry
     from kernel_sentinel.rows import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
+
+    interpreter.install()  # as sentinel verify runs it (kernel_sentinel.device.prepare)
 
     (family,) = registry.select([args.family])
     for module in family.source_files():  # import-time lines count for every route
@@ -883,7 +885,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("mutate", help="plant bugs in kernel sources and measure how many verify catches",
+    from kernel_sentinel.cli import COMMANDS
+
+    p = subparsers.add_parser("mutate", help=COMMANDS["mutate"][1],
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families (default: all)")
     p.add_argument("--files", nargs="+", action="extend", metavar="GLOB",

@@ -101,7 +101,9 @@ def next_steps(name: str, directory: Path) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("new", help="scaffold a working kernel family", description=__doc__)
+    from kernel_sentinel.cli import COMMANDS
+
+    p = subparsers.add_parser("new", help=COMMANDS["new"][1], description=__doc__)
     p.add_argument("name", metavar="NAME", help="the family's name: a lower-case Python identifier")
     p.add_argument("dir", metavar="DIR", nargs="?", type=Path, default=Path("."),
                    help="the directory to make NAME/ in, inside a git repository (default: the current directory)")

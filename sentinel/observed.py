@@ -66,7 +66,7 @@ def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
             original(self, grid, args, opts)
 
     def bound_launch(self: Any, *tensors: Any) -> None:  # a prepared launch: on a GPU it bypasses Launcher.launch
-        launch(self.launcher, self.grid, (*tensors, *self.tail), self.opts)
+        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)  # through any wrapper set inside the block
 
     Launcher.launch, Bound.__call__ = launch, bound_launch
     try:
@@ -154,12 +154,14 @@ def in_child(job: Callable[[], tuple[bool, Any]], context: str, limit: float = T
     return True, f"the process died (exit code {process.exitcode}{last})"
 
 
-def observe(family: Family, case: Case, *, size: str, dtype: torch.dtype, seed: int) -> Verdict:
+def observe(family: Family, case: Case, *, size: str, dtype: torch.dtype, seed: int,
+            kernels: Optional[list[str]] = None) -> Verdict:
     """The ``observed`` verdict of ``case``, the route's case of ``size`` at ``dtype`` built with ``seed``: every
-    kernel it launches must be noticed when removed (module docstring)."""
+    kernel it launches (``kernels``, when a run of it has listed them already: :func:`launched_kernels`) must be
+    noticed when removed (module docstring)."""
     if not isinstance(case, Case):
         raise TypeError(f"case must be a Case, got {type(case).__name__}")
-    kernels = launched_kernels(family, case)
+    kernels = launched_kernels(family, case) if kernels is None else kernels
     if not kernels:
         return Verdict((), "not applicable: the route launches no Triton kernel (a PyTorch route)")
     want, tolerance, device = family.reference(case), family.tolerance(dtype), _device(case)

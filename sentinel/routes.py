@@ -44,7 +44,9 @@ def rich_tree(family: Family) -> RichTree:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("routes", help="print the dispatch trees", description=__doc__)
+    from kernel_sentinel.cli import COMMANDS
+
+    p = subparsers.add_parser("routes", help=COMMANDS["routes"][1], description=__doc__)
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to show (default: all)")
     p.add_argument("--json", action="store_true", help="print the routes as JSON")
 

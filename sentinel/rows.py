@@ -8,6 +8,7 @@ exception inside one failing that check only. :mod:`kernel_sentinel.verify` and 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -18,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import crossdevice, memory, opcheck, races
+from kernel_sentinel import crossdevice, memory, opcheck, profile, races
 from provable_kernels import alloc
 from provable_kernels.validate import value_checks
 from kernel_sentinel.checks import Measurement, compare_outputs, measuring, non_finite, run_route
@@ -38,8 +39,9 @@ QUICK_EXAMPLES = 2
 @dataclass(frozen=True)
 class Options:
     """How to verify: device, seed (inputs and hypothesis), examples per property, quick mode (tiny sizes),
-    which checks to run (all of them, unless a test or a debugging session narrows it) and the CUDA device indices
-    the run spreads over (``--devices``; empty: the current device only). ``device`` is ``cuda`` without an index
+    which checks to run (all of them, unless a test or a debugging session narrows it), the CUDA device indices
+    the run spreads over (``--devices``; empty: the current device only) and whether each check counts its Triton
+    launches and CPU time (``--profile``: :mod:`kernel_sentinel.profile`). ``device`` is ``cuda`` without an index
     on a GPU: cases are built on the current device, the one a ``--devices`` worker is pinned to."""
 
     device: torch.device
@@ -48,6 +50,7 @@ class Options:
     quick: bool = False
     checks: tuple[str, ...] = CHECKS
     gpus: tuple[int, ...] = ()
+    profile: bool = False
 
     def size(self, wanted: str) -> str:
         """The case size to use where ``wanted`` is asked for (``--quick`` runs everything at ``tiny``)."""
@@ -85,9 +88,10 @@ class RouteRun:
         return self._cases[size]
 
     def outputs(self, size: str) -> Outputs:
+        """The outputs of the case of ``size``: those of its probe's baseline run (one run serves every check)."""
         if size not in self._outputs:
             try:
-                self._outputs[size] = run_route(self.family.run, self.case(size))
+                self._outputs[size] = self.probe(size).baseline()[2]
             except Exception as exc:  # kept: every later check on this size reports the same failure
                 self._outputs[size] = exc
         result = self._outputs[size]
@@ -166,23 +170,36 @@ def check_exact(run: RouteRun, repro: str) -> CheckResult:
 def falsify(prop: Property, route_id: str, options: Options,
             dtype: torch.dtype) -> Optional[tuple[Any, BaseException]]:
     """Run ``prop`` under hypothesis (seeded, shrinking); ``None`` when it holds, else the minimal failing
-    example and its error."""
+    example and its error. Each example runs with allocations poisoned (:func:`provable_kernels.alloc.poisoned`:
+    fresh workspaces, NaN where nothing is written), so that its outcome does not depend on what earlier runs left
+    in memory; a failure that still does not happen again when hypothesis replays the example (hypothesis's
+    ``Flaky``) is reported as the failure it was, with the example, the error and that note."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+    from hypothesis.errors import Flaky
 
     last: dict[str, Any] = {}
 
     def body(example: Any) -> None:
         last["example"] = example
-        prop.check(route_id, example, options.device, dtype)
+        with alloc.poisoned():
+            prop.check(route_id, example, options.device, dtype)
 
     try:  # building the strategy can raise too: a failure of this property, like one of its examples
         test = settings(max_examples=options.examples, deadline=None, database=None, verbosity=Verbosity.quiet,
                         phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False,
                         suppress_health_check=list(HealthCheck), print_blob=False)(given(prop.example())(body))
         seed(options.seed)(test)()
+    except Flaky as exc:  # failed, then passed on the replay: the first failure, with what happened
+        first = next(iter(getattr(exc, "exceptions", ())), exc)
+        return last.get("example"), StateDependent(f"{error_text(first)} (it failed when first run and passed when "
+                                                   f"run again: its outcome depends on state outside the example)")
     except Exception as exc:  # the minimal example is the last one hypothesis ran before re-raising
         return last.get("example"), exc
     return None
+
+
+class StateDependent(AssertionError):
+    """A property's failure that did not happen again on the replay of its example."""
 
 
 def route_properties(run: RouteRun) -> list[Property]:
@@ -423,7 +440,8 @@ def check_opcheck(run: RouteRun, repro: str) -> CheckResult:
 
 def check_observed(run: RouteRun, repro: str) -> CheckResult:
     size = "small"  # --quick too: at tiny sizes a kernel may have nothing to do (segment's long segments)
-    verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed)
+    verdict = observe(run.family, run.case(size), size=size, dtype=run.dtype, seed=run.options.seed,
+                      kernels=run.probe(size).kernels())
     return _summarized("observed", verdict.problems, verdict.summary, (), repro)
 
 
@@ -455,6 +473,11 @@ CHECK_FUNCTIONS: dict[str, Callable[[RouteRun, str], CheckResult]] = {
 }
 
 
+def profiled(options: Options, key: profile.Key) -> contextlib.AbstractContextManager:
+    """:func:`kernel_sentinel.profile.counting` under ``key`` with ``--profile``, else nothing."""
+    return profile.counting(key) if options.profile else contextlib.nullcontext()
+
+
 def verify_route(family: Family, route_id: str, options: Options,
                  progress: Callable[[str], None] = lambda check: None,
                  dtype: Optional[torch.dtype] = None) -> RouteResult:
@@ -469,7 +492,8 @@ def verify_route(family: Family, route_id: str, options: Options,
         torch.manual_seed(options.seed)
         start = time.perf_counter()
         try:
-            result = CHECK_FUNCTIONS[name](run, repro)
+            with profiled(options, (family.name, route_id, dtype_name(dtype), name)):
+                result = CHECK_FUNCTIONS[name](run, repro)
         except Exception as exc:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = f"{error_text(exc)} (at {Path(where.filename).name}:{where.lineno})"

@@ -675,7 +675,9 @@ def diff_style(line: str) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``trace`` subcommand."""
-    parser = subparsers.add_parser("trace", help="regenerate the trace documents (or --check them)",
+    from kernel_sentinel.cli import COMMANDS
+
+    parser = subparsers.add_parser("trace", help=COMMANDS["trace"][1],
                                    description="Regenerate the Markdown trace documents from the code; with "
                                    "--check write nothing and exit 1 when any is stale, missing or extra.")
     parser.add_argument("--check", action="store_true",

@@ -33,6 +33,9 @@ route, a ``--dtype`` no selected family declares, ``--record`` with ``--route`` 
 compute-sanitizer, ``--devices`` without a GPU, with ``--device cpu``, naming a GPU the host does not have,
 ``cpu`` or the same GPU twice.
 
+``--profile`` also prints where the time went (:mod:`kernel_sentinel.profile`): wall and CPU seconds and Triton
+launches per check, per family and per row, also in the JSON report (``profile``).
+
 ``--record`` with ``--route`` or ``--dtype`` records a part: its rows join the saved record of the family and
 device when that was made from the same sources and versions on the same GPUs
 (:func:`kernel_sentinel.records.merge_record`), so a
@@ -49,7 +52,7 @@ from typing import Sequence
 
 import torch
 
-from kernel_sentinel import console, report, sanitize, workers
+from kernel_sentinel import console, profile, report, sanitize, workers
 from kernel_sentinel.family import Family, matches, rooted
 from kernel_sentinel.outputs import unwritable
 from kernel_sentinel.records import CheckResult, RouteResult
@@ -145,10 +148,12 @@ def resolve_jobs(jobs: int | str, units: int) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kernel_sentinel.cli import COMMANDS
+
     from kernel_sentinel.device import DEVICE_CHOICES
 
     p = subparsers.add_parser(
-        "verify", help="run every dispatch route and cross-check it",
+        "verify", help=COMMANDS["verify"][1],
         description=__doc__.split("\n\n")[0] + " Exit 0 when every selected route ran and passed, 1 on any "
         "failure (also when no route ran), 2 on usage errors (unknown family, a --route glob matching no route).")
     p.add_argument("--family", nargs="+", action="extend", metavar="F", help="families to verify (default: those of the "
@@ -182,6 +187,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="spread the work over these GPUs: all, or a comma-separated list such as cuda:0,cuda:1 (one "
                         "worker process per GPU, ceil(J / N) with --jobs J; each pinned to its GPU); prints each "
                         "GPU's share at the end; the record names every GPU")
+    p.add_argument("--profile", action="store_true",
+                   help="also print where the time went: seconds and Triton launches per check, per family and for "
+                        "the most expensive rows (all rows in --json's 'profile')")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/<family>-<device>.json for the trace generator and the gate")
 
@@ -224,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sanitize and (reason := sanitize.unavailable(device.type)):
         return console.usage_error(reason)
     examples = args.examples or (QUICK_EXAMPLES if args.quick else DEFAULT_EXAMPLES)
-    options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus)
+    options = Options(device=device, seed=args.seed, examples=examples, quick=args.quick, gpus=gpus,
+                      profile=args.profile)
 
     stamps = {}  # taken at the start: the sources the run runs, not HEAD at its end; in each family's repository
     for family in families:
@@ -260,8 +269,12 @@ def run(args: argparse.Namespace) -> int:
     spread = {"wall_seconds": round(elapsed, 2), "shares": [s.as_dict(device) for s in shares.values()]}
     if gpus:
         workers.print_shares(spread)
+    profiled = profile.summary(results, profile.take(), elapsed) if args.profile else None
+    for table in profiled and profile.tables(profiled) or ():
+        console.out.print(table)
     if args.json:
         data = {**report.json_report(results, commit, info, problems), "devices": spread}
+        data = {**data, "profile": profiled} if profiled else data
         report.write_json(args.json, {**data, "coverage": reached.as_dict()} if reached else data)
     if args.junit:
         report.write_junit(args.junit, results, problems)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from kernel_sentinel import report, rows
+from kernel_sentinel import profile, report, rows
 from kernel_sentinel.checks import Measurement
 from kernel_sentinel.family import Family
 from kernel_sentinel.generic import error_text
@@ -150,9 +150,10 @@ def _report_stall(route_id: str, dtype: str, unit: int, thread: int) -> None:
 
 
 def _run_unit(family_name: str, route_id: str, dtype: str,
-              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]]]:
+              unit: int) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], profile.Counts]:
     """In a worker: the row's other checks (a :class:`RouteResult`) or its property ``unit`` (an outcome), with
-    the worker's GPU, the unit's wall time and, under ``--coverage``, the lines this worker has run so far."""
+    the worker's GPU, the unit's wall time, under ``--coverage`` the lines this worker has run so far, and under
+    ``--profile`` the unit's counts (:func:`kernel_sentinel.profile.take`)."""
     watch = threading.Timer(STALL_SECONDS, _report_stall, (route_id, dtype, unit, threading.get_ident()))
     watch.daemon = True
     watch.start()
@@ -163,7 +164,8 @@ def _run_unit(family_name: str, route_id: str, dtype: str,
     start = time.perf_counter()
     try:
         result = _unit_result(family_name, route_id, dtype, unit)
-        return result, _gpu, time.perf_counter() - start, None if _measured is None else _measured.executed()
+        lines = None if _measured is None else _measured.executed()
+        return result, _gpu, time.perf_counter() - start, lines, profile.take()
     finally:
         watch.cancel()
         if mark is not None:
@@ -178,7 +180,8 @@ def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> Rout
         return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
     run = RouteRun(family, route_id, _options, torch_dtype)
     start = time.perf_counter()
-    note, measured = rows.property_outcome(run, rows.route_properties(run)[unit])
+    with rows.profiled(_options, (family_name, route_id, dtype, "properties")):
+        note, measured = rows.property_outcome(run, rows.route_properties(run)[unit])
     return note, measured, time.perf_counter() - start
 
 
@@ -263,9 +266,10 @@ def verify_in_processes(selected: Sequence[tuple[Family, str, torch.dtype]], opt
             report.log_row(row.result(options), finished, len(pending))
 
     def counted(answer: tuple) -> RouteResult | Outcome:
-        value, gpu, seconds, lines = answer
+        value, gpu, seconds, lines, counts = answer
         if measurement is not None and lines is not None:
             measurement.add(lines)
+        profile.add(counts)
         done[gpu].units, done[gpu].seconds = done[gpu].units + 1, done[gpu].seconds + seconds
         return value
 
@@ -362,7 +366,7 @@ def _alone_child(conn: Any, log: str, options: Options, gpu: Gpu, threads: int, 
 
 
 def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
-           roots: Any) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]]]:
+           roots: Any) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], profile.Counts]:
     """``unit`` of ``row`` run in a spawned process of its own (after a worker died with it among the unfinished
     ones): its result, or the unit failed with the process's exit code and the last lines of its output."""
     context = multiprocessing.get_context("spawn")
@@ -390,7 +394,7 @@ def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
         code = process.exitcode
         name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 else ""
         why = f"its worker process died (exit code {code}{name}), the last lines of its output: {tail or '(none)'}"
-    return row.failed(unit, why, options), gpu, seconds, None
+    return row.failed(unit, why, options), gpu, seconds, None, {}
 
 
 def _last_lines(path: str, lines: int = 3) -> str:

@@ -17,6 +17,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    from kernel_sentinel import interpreter  # noqa: E402
+
+    interpreter.install()  # as sentinel verify does (kernel_sentinel.device.prepare)
 
 import dataclasses  # noqa: E402
 from typing import Any, Callable, Optional  # noqa: E402

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernel_sentinel import device, records, registry
+from kernel_sentinel import cli
 from kernel_sentinel.cli import main
 from kernel_sentinel.family import REPO_ROOT, FailureMode
 from kernel_sentinel.rows import CHECKS
@@ -186,6 +187,22 @@ def test_entry_point_and_python_dash_m():
     done = subprocess.run([sys.executable, "-m", "kernel_sentinel", "--help"], cwd=REPO_ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0 and "verify" in done.stdout and "routes" in done.stdout
+
+
+def test_help_imports_no_command_module_torch_or_family():
+    """``sentinel --help`` lists every command from cli.COMMANDS alone; ``sentinel routes`` imports its own module
+    only (neither verify's nor the others')."""
+    probe = ("import sys\nfrom kernel_sentinel.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+             "    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'provable_kernels') or "
+             "m in ('kernel_sentinel.verify', 'kernel_sentinel.routes', 'kernel_sentinel.mutate')), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, "--help"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr.strip() == "[]", done.stderr
+    assert all(name in done.stdout.split() for name in cli.COMMANDS)
+    done = subprocess.run([sys.executable, "-c", probe, "routes", "--family", "sinkhorn"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    imported = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 0 and "'kernel_sentinel.routes'" in imported, done.stderr
+    assert "'kernel_sentinel.verify'" not in imported and "'kernel_sentinel.mutate'" not in imported
 
 
 def test_cli_switches_the_triton_interpreter_on_for_cpu(tmp_path):

@@ -17,11 +17,11 @@ import torch
 
 from conftest import planted_failure
 
-from provable_kernels import validate
+from provable_kernels import alloc, validate
 from provable_kernels.semicrf import torch_ops
-from kernel_sentinel import records, registry, report
+from kernel_sentinel import records, registry, report, rows
 from kernel_sentinel.checks import compare
-from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Tolerance, node_exists
+from kernel_sentinel.family import REPO_ROOT, Adversarial, BadInput, Property, Tolerance, node_exists
 from kernel_sentinel.generic import GENERIC_CHECKS
 from kernel_sentinel.rows import CHECKS, Options, verify_route
 from kernel_sentinel.verify import select_routes
@@ -62,6 +62,36 @@ def test_planted_bug_fails_reference_exact_and_properties_with_minimal_example(t
     assert "minimal example: 1;" in prop.detail  # shrunk to the smallest row length
     assert prop.repro == ("sentinel verify --family toy --route toy.fast --device cpu --seed 0 --examples 3 "
                           "--dtype float32")
+
+
+def test_a_property_failure_that_does_not_recur_is_reported_with_its_example_not_as_flaky():
+    """A check whose outcome depends on state outside the example (here: it fails only the first time it sees an
+    example) is reported as a failure with its example and error, not as hypothesis's FlakyFailure."""
+    from hypothesis import strategies as st
+
+    seen: set = set()
+
+    def first_time_only(route_id, example, device, dtype):
+        if example >= 3 and example not in seen:
+            seen.add(example)
+            raise AssertionError(f"wrong at {example}")
+
+    prop = Property("first time only", ("toy.*",), lambda: st.integers(0, 50), first_time_only)
+    example, exc = rows.falsify(prop, "toy.slow", CPU, torch.float32)
+    text = rows.error_text(exc)
+    assert example >= 3 and "AssertionError: wrong at " in text, text
+    assert "state outside the example" in text and "Flaky" not in text and "unreliable" not in text, text
+
+
+def test_property_examples_run_with_allocations_poisoned():
+    """Unwritten output elements are NaN in every example, whatever earlier runs left in memory."""
+    from hypothesis import strategies as st
+
+    def poisoned(route_id, example, device, dtype):
+        assert torch.isnan(alloc.empty((example,), dtype=torch.float32, device=device)).all()
+
+    prop = Property("allocations poisoned", ("toy.*",), lambda: st.integers(1, 8), poisoned)
+    assert rows.falsify(prop, "toy.slow", CPU, torch.float32) is None
 
 
 def test_misdispatched_route_fails_route_check(toy_family):

@@ -65,6 +65,7 @@ def test_auto_backend_takes_exact_for_other_semirings_and_refuses_above_the_budg
         head(hidden, lengths, semiring="kmax:2")
 
 
+@pytest.mark.slow  # CI runs the README's verify command, every route of every family at every dtype, beside it
 @pytest.mark.parametrize("route_id", HEAD_AND_EXACT)
 def test_head_and_exact_routes_pass_quick(route_id):
     result = verify_route(SEMICRF, route_id, QUICK, dtype=torch.float64)

@@ -1,0 +1,62 @@
+"""The Triton interpreter's language patching, with its member lookups made once per module.
+
+Under ``TRITON_INTERPRET=1`` every kernel launch, and every call of a ``@triton.jit`` helper inside a kernel,
+patches ``triton.language`` (its module, ``tensor`` class, ``math`` and ``tensor_descriptor_base``): each member
+that is a Triton builtin is replaced by one that runs on the interpreter's NumPy semantic. Triton finds those
+members with ``inspect.getmembers`` on every call (``_patch_builtin``), sorting hundreds of names each time: on
+the CPU about a third of an interpreted kernel's time. :func:`install` replaces ``_patch_builtin`` with
+:func:`_patch_builtin`, which patches exactly the same members (the names whose member is a builtin when it is
+called; those names are found once per module, before any launch has patched it) and leaves the rest of the
+interpreter as it is. The kernels run the same code on the same values: results are bitwise those without it.
+
+It installs only on a Triton whose interpreter has the function it replaces with the signature it expects (Triton
+3.6 to 3.9); elsewhere the interpreter runs unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+_names: dict[int, tuple[str, ...]] = {}  # id(module or class) -> the names of its builtin members, unpatched
+
+
+def builtin_names(pkg: Any) -> tuple[str, ...]:
+    """The names of the Triton builtins among ``pkg``'s members (found at the first call for ``pkg``, which must
+    come before the interpreter patches it: :func:`install` finds them all)."""
+    from triton.language.core import is_builtin
+
+    key = id(pkg)
+    if key not in _names:
+        _names[key] = tuple(name for name, member in inspect.getmembers(pkg) if is_builtin(member))
+    return _names[key]
+
+
+def _patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
+    """Triton's ``interpreter._patch_builtin`` over :func:`builtin_names` (a member already patched is no builtin:
+    it is skipped, as Triton's own loop skips it; ``is_builtin`` is Triton's test, read inline)."""
+    from triton.language.core import TRITON_BUILTIN
+    from triton.runtime import interpreter
+
+    members = [(name, member) for name in builtin_names(pkg)
+               if getattr(member := getattr(pkg, name), TRITON_BUILTIN, False)]
+    for name, member in members:
+        interpreter._patch_attr(pkg, name, member, builder, scope)
+
+
+def install() -> bool:
+    """Use :func:`_patch_builtin` in Triton's interpreter (once per process); False, changing nothing, where the
+    interpreter lacks the functions it relies on."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_builtin", None)
+    if original is _patch_builtin:
+        return True
+    if original is None or not hasattr(interpreter, "_patch_attr") \
+            or list(inspect.signature(original).parameters) != ["pkg", "builder", "scope"]:
+        return False
+    import triton.language as tl
+
+    for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base):
+        builtin_names(pkg)  # before any launch patches them
+    interpreter._patch_builtin = _patch_builtin
+    return True
