@@ -41,7 +41,8 @@ def site_config(repo: Path, out: Path) -> tuple[Path, dict[str, Any]]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("site", help="build the trace site of this repository (its traces/) with mkdocs",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, metavar="DIR", help="where the site goes (default: site/ in the repository)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where the site goes, emptied first (default: site/ in the repository)")
     p.add_argument("--serve", action="store_true", help="serve the site on 127.0.0.1 instead, rebuilt on change")
     p.add_argument("--port", type=int, default=8000, help="the port --serve listens on (default 8000)")
 
