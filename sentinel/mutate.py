@@ -12,14 +12,18 @@ literals, f-strings, annotations and decorators are never touched). The operator
   ``logsumexp`` -> ``amax``;
 - ``sign``: ``-x`` becomes ``x``; ``a + b`` <-> ``a - b``.
 
-Every mutant runs in a scratch copy of the repository (``kernels/`` and ``sentinel/`` copied to a temporary
-directory and imported from there through :func:`kernel_sentinel.layout.import_root`; the working tree is never
-written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
-like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
-cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
-check: the mutant is then *killed*. The cheap checks that most mutants fail (:data:`FIRST_PASS`: route, reference,
-exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or
-run past its time limit (one kernel launch's, each route's, or the worker's) is killed too (reported as such).
+Every mutant runs in a scratch copy of the family's repository (the top-level packages of :func:`scratch_packages`
+copied to a temporary directory at their paths relative to the repository, so that a mutant's file names its copy,
+and imported from there through :func:`kernel_sentinel.layout.import_root`: for this repository's families
+``kernels/`` and ``sentinel/``, for a family in another repository its own package, found through
+``SENTINEL_FAMILY_PATH`` pointing into the copy, with the kernel library and sentinel imported as installed; the
+working tree is never written), in a fresh worker process (a fork of a server that has imported torch and Triton
+once) that verifies like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of
+the family: the small cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops
+at the first failing check: the mutant is then *killed*. The cheap checks that most mutants fail
+(:data:`FIRST_PASS`: route, reference, exact, memory, written) run on every route first, then the other checks. A
+mutant that makes the process crash or run past its time limit (one kernel launch's, each route's, or the
+worker's) is killed too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which routes
 reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the routes
@@ -45,7 +49,8 @@ has ended: it rewrites each family's record, its survivors that the list names s
 (nothing runs; the sampled files must be those of the record's commit).
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
-everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` for the site. Exit codes: 0; 1 when
+everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` of the family's repository for the
+site. Exit codes: 0; 1 when
 the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails; 2 on usage errors.
 """
 from __future__ import annotations

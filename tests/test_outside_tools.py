@@ -19,7 +19,8 @@ from test_layout_plugin_family import FAMILY
 from test_outside_family import REPO, commit, outside, sentinel, this_repository_state  # noqa: F401 (a fixture)
 
 PATH = ("--family-path", "kernels_of_mine")
-INLINE_ROW_SUM = 'def row_sum(x):\n    """Row sums in float64, cast back."""\n    return x.double().sum(-1).to(x.dtype)\n'
+INLINE_ROW_SUM = ('def row_sum(x):\n    """Row sums in float64, cast back."""\n'
+                  '    return x.double().sum(-1).to(x.dtype)\n')
 TORCH_OPS = '''\
 """The toy family's PyTorch route."""
 
