@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from kernel_sentinel.console import plain
 
 COMMANDS = ("kernel_sentinel.verify", "kernel_sentinel.routes", "kernel_sentinel.trace", "kernel_sentinel.gate",
-            "kernel_sentinel.mutate", "kernel_sentinel.site_command")
+            "kernel_sentinel.mutate", "kernel_sentinel.new", "kernel_sentinel.site_command")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
