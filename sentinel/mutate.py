@@ -50,8 +50,8 @@ has ended: it rewrites each family's record, its survivors that the list names s
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
 everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` of the family's repository for the
-site. Exit codes: 0; 1 when
-the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails; 2 on usage errors.
+site. Exit codes: 0; 1 when the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails;
+2 on usage errors.
 """
 from __future__ import annotations
 
@@ -709,9 +709,9 @@ def start_in_scratch(coverage_path: Optional[Path]) -> Optional[tuple[Path, Any]
     if coverage_path:
         import coverage
 
-        measured = [name for name in copied_packages(here) if name != VERIFIER]
-        cov = coverage.Coverage(data_file=None, include=[str(p / "*") for name in measured for p in (
-            copied_packages(here)[name], here / IMPORT_DIR / name)])
+        measured = {name: folder for name, folder in copied_packages(here).items() if name != VERIFIER}
+        cov = coverage.Coverage(data_file=None, include=[str(p / "*") for name, folder in measured.items()
+                                                         for p in (folder, here / IMPORT_DIR / name)])
         cov.start()
         cov.switch_context(ALL_ROUTES)
     return here, cov
@@ -822,6 +822,10 @@ def worker(argv: Sequence[str]) -> int:
     import torch
 
     from kernel_sentinel.rows import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
+
+    # one thread: the workers share the CPUs, and a check's forked child (observed) must find no OpenMP team
+    # (libgomp's children wait for the parent's threads forever)
+    torch.set_num_threads(1)
 
     family = scratch_family(args.family, here)
     if family is None:

@@ -48,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernel_sentinel.family import project_root
-
     from rich.markup import escape
+
+    from kernel_sentinel.family import project_root
 
     missing = [name for name in ("mkdocs", "material") if importlib.util.find_spec(name) is None]
     if missing:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_layout_plugin_family import FAMILY
+from test_layout_plugin_family import FAMILY, GIT
 from test_outside_family import REPO, commit, outside, sentinel, this_repository_state  # noqa: F401 (a fixture)
 
 PATH = ("--family-path", "kernels_of_mine")
@@ -69,6 +70,26 @@ def test_mutate_records_in_the_outside_repository_and_kills_the_planted_bugs(wit
     assert not list(scratch.glob("sentinel-mutate-*")), "scratch copies left behind"
     assert (repo / "kernels_of_mine" / "plugfam" / "torch_ops.py").read_text() == TORCH_OPS
     assert this_repository_state() == before
+
+
+def test_a_forking_check_of_a_triton_route_runs_in_a_mutation_worker(tmp_path):
+    """The ``observed`` check forks a child per kernel: in a mutation worker, after a check that ran torch's
+    parallel operations (``reference``), the child finishes (the worker's torch uses one thread, so the child
+    inherits no OpenMP team to wait for), on the family ``sentinel new`` makes."""
+    from kernel_sentinel import mutate
+
+    repo = tmp_path / "mine"
+    repo.mkdir()
+    subprocess.run(GIT + ["init", "-q"], cwd=repo, check=True, capture_output=True)
+    done = sentinel(repo, dict(os.environ), "new", "l2norm")
+    assert done.returncode == 0, done.stdout + done.stderr
+    scratch = mutate.Scratch(repo, {"l2norm": "l2norm"})
+    try:
+        code, last, timed_out = scratch.worker("l2norm", ["l2norm.triton.rows"], 0, timeout=240.0,
+                                               checks=["reference", "observed"])
+    finally:
+        scratch.remove()
+    assert (code, timed_out) == (0, False), last
 
 
 def free_port() -> int:
@@ -125,17 +146,20 @@ def test_site_builds_and_serves_the_trace_site_of_the_outside_repository(outside
     assert this_repository_state() == before
 
 
-def test_site_without_the_docs_extra_is_a_usage_error_naming_the_install(monkeypatch, capsys):
+def test_site_without_the_docs_extra_or_traces_is_a_usage_error_saying_what_to_do(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from kernel_sentinel import site_command
     from kernel_sentinel.cli import main
 
+    monkeypatch.chdir(tmp_path)  # no git repository, no traces/
+    assert main(["site"]) == 2
+    assert "has no traces/index.md: run `sentinel trace` first" in capsys.readouterr().err
+    assert main(["site", "--serve", "--port", "0"]) == 2
+    assert "--port must be in 1..65535" in capsys.readouterr().err
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mkdocs" else find_spec(name, *a))
     assert main(["site"]) == 2
-    err = capsys.readouterr().err
-    assert site_command.DOCS_EXTRA in err and "pip install 'kernel-sentinel[docs]'" in err
+    assert "needs the docs extra (mkdocs not installed): pip install 'kernel-sentinel[docs]'" in capsys.readouterr().err
 
 
 def test_this_repository_site_inherits_the_default_configuration():
