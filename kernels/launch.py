@@ -1,9 +1,9 @@
 """Launching a ``@triton.jit`` kernel again without Triton's per-call argument binding.
 
 ``kernel[grid](*args, **meta)`` binds every argument, computes its specialization (dtype and 16-byte alignment of
-each pointer, range, ``== 1`` and divisibility by 16 of each integer) and looks the compiled kernel up: 20-50 us
-of host time per launch on the lent H100 hosts for a kernel with some thirty arguments, more than a short
-semi-CRF kernel runs (``benchmarks/NOTES-semicrf.md``). :class:`Launcher` keys a cache on a superset of those
+each pointer, range, ``== 1`` and divisibility by 16 of each integer) and looks the compiled kernel up: tens of
+microseconds of host time per launch for a kernel with some thirty arguments, more than a short semi-CRF kernel
+runs. :class:`Launcher` keys a cache on a superset of those
 properties, computed directly (constexprs and launch options interned once: :func:`options`), and launches the
 compiled kernel Triton returned for that key through its own launcher (``CompiledKernel.run`` with every
 parameter, the arguments its ``CompiledKernel[grid]`` runner passes; the runner itself when a profiler set launch

@@ -2,53 +2,16 @@
 
 For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
 selects some), sixteen checks run (:mod:`kernel_sentinel.rows`) and are reported separately, one row per route
-and dtype:
-
-- ``route``: the family builds a case for the route; running it must make the dispatcher record exactly that
-  route id (a mis-dispatched or unreachable route fails; nothing is skipped).
-- ``reference``: outputs and every gradient against the family's independent float64 reference, within the
-  family's tolerance for the row's dtype; on the CPU also in device mode (the CUDA default, where the kernels
-  check the values they read: code that host mode never runs).
-- ``exact``: the same against each oracle (exact backend; brute force at tiny sizes).
-- ``properties``: the family's hypothesis properties for the route, seeded, shrinking to a minimal example.
-- ``guards``: adversarial inputs give finite results (infinities only where declared) or a clear
-  ``ValueError``/``TypeError`` where declared; never NaN.
-- ``bad_input``: each argument made wrong in turn raises ``ValueError``/``TypeError`` naming it; in device mode
-  it raises or gives NaN or an infinity somewhere, and every output element is written (two runs with
-  allocations poisoned two ways give the same bits).
-- the generic checks of :mod:`kernel_sentinel.generic`, from sentinel alone: ``inputs`` (arguments unchanged,
-  forward and backward), ``aliasing``, ``written`` (poisoned allocations change nothing), ``determinism``,
-  ``layouts`` (non-contiguous views); at the ``small`` size, ``layouts`` at ``tiny``.
-- ``observed`` (:mod:`kernel_sentinel.observed`, at the ``small`` size, also with ``--quick``): the route runs
-  again once per Triton kernel it launches, with that kernel's launches replaced by a no-op and allocations
-  poisoned, and each such run must fail the route's checks (raise, or miss the float64 reference): every
-  kernel's output is seen. A PyTorch route passes as not applicable.
-- ``batch`` (:mod:`kernel_sentinel.invariance`, at the ``tiny`` size): an item (``Family.batch_items``: a
-  sequence, a matrix, a segment) gives bitwise the same outputs and gradients alone and first, middle and last in
-  a batch with other random items.
-- ``memory`` (:mod:`kernel_sentinel.memory`, CPU, at the ``tiny`` and ``small`` sizes, in host and device mode,
-  and the bad inputs in device mode): every load and store of every Triton launch, under the interpreter, lies
-  inside the launch's tensor arguments (each one copied between
-  canary-filled guard regions, which must stay intact); a masked read past the end fails though its value never
-  shows. On CUDA it does not run (the kernels run compiled): ``--sanitize``'s ``memcheck`` is its counterpart.
-- ``opcheck`` (:mod:`kernel_sentinel.opcheck`, at the ``tiny`` size): every custom op the route calls passes
-  ``torch.library.opcheck`` (schema, autograd registration, fake implementation) at the route's own arguments:
-  what ``torch.compile`` runs instead of the eager fast path.
-- ``devices`` (:mod:`kernel_sentinel.crossdevice`, at the ``small`` size): with every input on another GPU than
-  the current one, the outputs and gradients land on that GPU, bitwise the current GPU's, and every Triton launch
-  finds its inputs' GPU current; each tensor argument alone on another GPU is rejected with a named error. Below
-  two GPUs it passes as "not applicable: N GPUs", which the gate and the site do not count as evidence.
-
-Guards, bad inputs and split inputs run with value checks in host mode (``value_checks("sync")``) on every
-device: their contract is the named error. Device mode (the CUDA default: NaN-poisoned results, device asserts)
-runs in ``reference`` and ``memory`` on the CPU, in the second half of ``bad_input`` everywhere, and on a GPU in
-every check that runs in the default mode.
+and dtype: ``route``, ``reference``, ``exact``, ``properties``, ``guards``, ``bad_input``, the generic ``inputs``,
+``aliasing``, ``written``, ``determinism`` and ``layouts`` (:mod:`kernel_sentinel.generic`), ``observed``,
+``batch``, ``memory`` (CPU only), ``opcheck`` and ``devices`` (two GPUs or more; else not applicable). What each
+proves, at which size and in which value-check mode, is the guide page "The verification ladder"
+(``traces/guide/verification-ladder.md``). A check with nothing to do (no oracle, property, guard or bad input
+declared for the route) fails. ``--quick``: tiny inputs only, fewer hypothesis examples per property.
 
 ``--sanitize`` (GPU only) adds ``memcheck``, ``racecheck``, ``initcheck`` and ``synccheck`` to every Triton route
 (:mod:`kernel_sentinel.sanitize`). A failed check prints, next to its reproduce command, the family's
 failure-mode entries for it (which page to read first).
-
-A check with nothing to do (no oracle, property, guard or bad input declared for the route) fails.
 
 ``--jobs J`` spreads the work over J spawned worker processes (:mod:`kernel_sentinel.workers`; ``--jobs 0``: this
 process); a worker that crashes (compiled code the kernel under test calls) fails its unit alone; the results are

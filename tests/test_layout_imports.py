@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,17 @@ LAYERS = {**layout.IMPORT_NAMES, "benchmarks": "benchmarks"}  # folder -> import
 NEVER = {"kernels": ("hypothesis",)}
 
 
+def absolute_imports(path: Path) -> set[str]:
+    """The absolute module names ``path`` imports anywhere (``from a import b``: ``a``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names
+
+
 def upward_imports(repo: Path) -> list[str]:
     """Every import in ``repo``'s ``kernels/``, ``sentinel/`` and ``benchmarks/`` (module top and inside functions)
     of a folder above the importing one, or of a module its folder must never import, as ``path: name``."""
@@ -135,10 +147,8 @@ def upward_imports(repo: Path) -> list[str]:
     for level, folder in enumerate(LAYERS):
         banned = {*list(LAYERS.values())[level + 1:], *NEVER.get(folder, ())}
         for path in sorted((repo / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-                found += [f"{path.relative_to(repo)}: {n}" for n in names if n.split(".")[0] in banned]
+            found += [f"{path.relative_to(repo)}: {n}" for n in sorted(absolute_imports(path))
+                      if n.split(".")[0] in banned]
     return found
 
 
@@ -296,3 +306,120 @@ def test_import_view_puts_the_folders_under_their_import_names(tmp_path):
     assert len(log.splitlines()) == 1
     with pytest.raises(ValueError, match="^into must be an empty or new directory"):
         layout.import_view(REPO_ROOT, view)
+
+
+# ------------------------------------------------------------------------------------------- family layout
+
+FAMILIES = sorted(p for p in KERNELS.iterdir() if (p / "__init__.py").is_file())
+LAYOUT_FILES = ("__init__", "call", "dispatch", "torch_ops", "triton_ops", "autograd", "oracle", "family")
+# what each file kind of a family may import of the family's own file kinds (family-layout.md's rules)
+MAY_IMPORT = {"call": set(), "kernels": {"kernels"}, "torch_ops": {"call"}, "triton_ops": {"call", "kernels"},
+              "autograd": {"call", "torch_ops", "triton_ops"},
+              "dispatch": {"call", "torch_ops", "triton_ops", "autograd"}}
+
+
+def _kind(module: str) -> str:
+    """The file kind of a family module's last name: ``kernels`` for a ``triton_*`` kernel module."""
+    return "kernels" if module.startswith("triton_") and module != "triton_ops" else module
+
+
+def test_every_family_has_the_layout_files_and_a_kernel_module():
+    assert {"segment", "semicrf", "sinkhorn"} <= {f.name for f in FAMILIES}
+    for family in FAMILIES:
+        missing = [name for name in LAYOUT_FILES if not (family / f"{name}.py").is_file()]
+        assert missing == [], f"{family.name} lacks {missing}"
+        assert any(_kind(p.stem) == "kernels" for p in family.glob("triton_*.py")), family.name
+
+
+def layering_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` (module -> imported modules) from a family's file kind to one of the same family
+    that :data:`MAY_IMPORT` does not allow, as ``importer -> imported``."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        parts = module.split(".")
+        if len(parts) != 3 or _kind(parts[2]) not in MAY_IMPORT:
+            continue
+        family, kind = parts[1], _kind(parts[2])
+        for target in sorted(targets):
+            tparts = target.split(".")
+            if len(tparts) == 3 and tparts[1] == family and _kind(tparts[2]) in MAY_IMPORT and \
+                    _kind(tparts[2]) not in MAY_IMPORT[kind]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_family_files_import_only_the_kinds_below_them():
+    """call.py imports no backend; the backends (torch_ops, triton_ops) may import call.py, never each other;
+    autograd.py imports the backends, never dispatch.py; dispatch.py reaches the backends directly or through
+    autograd.py; the kernel modules import only kernel modules (of the family's own files: the rule table
+    :data:`MAY_IMPORT`)."""
+    graph = import_graph(MODULES)
+    assert layering_breaks(graph) == []
+    # both ways to the backends are in use: semi-CRF through its custom ops only, segment and Sinkhorn also directly
+    assert "provable_kernels.semicrf.torch_ops" not in graph["provable_kernels.semicrf.dispatch"]
+    assert {"provable_kernels.sinkhorn.torch_ops", "provable_kernels.sinkhorn.autograd"} <= \
+        graph["provable_kernels.sinkhorn.dispatch"]
+
+
+def test_a_layering_break_is_found():
+    graph = {"provable_kernels.foo.call": {"provable_kernels.foo.triton_ops", "provable_kernels.foo.structures"},
+             "provable_kernels.foo.torch_ops": {"provable_kernels.foo.call", "provable_kernels.foo.triton_ops"},
+             "provable_kernels.foo.autograd": {"provable_kernels.foo.dispatch", "provable_kernels.bar.dispatch"},
+             "provable_kernels.foo.triton_kernels": {"provable_kernels.foo.triton_more", "provable_kernels.foo.call"},
+             "provable_kernels.foo.dispatch": {"provable_kernels.foo.autograd", "provable_kernels.foo.torch_ops"}}
+    assert layering_breaks(graph) == [
+        "provable_kernels.foo.autograd -> provable_kernels.foo.dispatch",
+        "provable_kernels.foo.call -> provable_kernels.foo.triton_ops",
+        "provable_kernels.foo.torch_ops -> provable_kernels.foo.triton_ops",
+        "provable_kernels.foo.triton_kernels -> provable_kernels.foo.call"]
+
+
+def test_oracles_import_only_torch_and_the_standard_library():
+    for family in FAMILIES:
+        imported = absolute_imports(family / "oracle.py")
+        assert {n for n in imported if n.split(".")[0] not in sys.stdlib_module_names | {"torch"}} == set(), family
+
+
+def test_kernel_modules_hold_jit_functions_and_their_constants_only():
+    """A ``triton_*.py`` kernel module: ``@triton.jit`` functions and module constants, importing Triton, the
+    shared ``triton_math`` and the family's other kernel modules only."""
+    for family in FAMILIES:
+        for path in sorted(p for p in family.glob("triton_*.py") if _kind(p.stem) == "kernels"):
+            tree = ast.parse(path.read_text())
+            plain = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not any(
+                ast.unparse(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in
+                getattr(n, "decorator_list", []))]
+            assert plain == [], f"{path.name}: not @triton.jit: {plain}"
+            allowed = {"__future__", "triton", "triton.language", "provable_kernels.triton_math"}
+            others = {n for n in absolute_imports(path) if n not in allowed and not (
+                n.startswith(f"provable_kernels.{family.name}.triton_") and _kind(n.rpartition(".")[2]) == "kernels")}
+            assert others == set(), f"{path.name} imports {others}"
+
+
+def test_sentinel_imports_only_shared_modules_of_the_library():
+    """sentinel holds nothing family-specific: of the library it imports the shared modules at the top of
+    ``kernels/`` only (and the package itself, for its path), and reaches a family through its registration, which
+    the registry loads by name."""
+    shared = {f"provable_kernels.{p.stem}" for p in KERNELS.glob("*.py") if p.stem != "__init__"} | {"provable_kernels"}
+    found = []
+    for path in sorted(SENTINEL.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" if node.module == "provable_kernels" else node.module
+                      for a in node.names] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "provable_kernels" and n not in shared]
+    assert found == []
+
+
+def test_the_guides_semicrf_import_list_is_the_import_graph():
+    """``family-layout.md`` lists what each semi-CRF module imports of the library: the list is the graph."""
+    page = (REPO_ROOT / "traces" / "guide" / "family-layout.md").read_text()
+    def module(name: str) -> str:  # `kernels/alloc`: a shared module; `call`: a semi-CRF one
+        return name.replace("kernels/", "provable_kernels.") if "/" in name else f"provable_kernels.semicrf.{name}"
+
+    listed = {m: {module(t) for t in re.findall(r"`([\w/]+)`", rest)}
+              for m, rest in re.findall(r"^- `(\w+)` -> (.+)$", page, re.M)}
+    graph = import_graph(MODULES)
+    actual = {m.rpartition(".")[2]: graph[m] for m in graph
+              if m.startswith("provable_kernels.semicrf.") and m != "provable_kernels.semicrf"}
+    assert listed == actual

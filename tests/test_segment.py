@@ -2,7 +2,6 @@
 conventions (ties, empty segments, NaN), bad inputs, and the peer defect of torch.segment_reduce."""
 from __future__ import annotations
 
-import itertools
 import re
 from pathlib import Path
 
@@ -550,17 +549,43 @@ def test_batch_invariance(reduce, form):
 def test_flags_kept_from_before_the_epochs_wrap_are_dropped(monkeypatch):
     """Epochs run 1 .. 2**31 - 1 and then wrap: a flag a slot kept since the first call equals the first epoch of
     the next round, and a waiting program would take it for one published in this call; at the wrap the kept
-    flags are dropped, so they are fresh zeros."""
+    flags are dropped, so they are fresh zeros. ``restart_epochs`` (which the registration's call at the wrap
+    uses) numbers the next calls."""
     from provable_kernels import alloc
     from provable_kernels.segment import triton_ops
 
     monkeypatch.setattr(alloc, "_KEPT", {})
-    monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count())
+    monkeypatch.setattr(triton_ops, "_EPOCHS", triton_ops._EPOCHS)  # restored after the test
+    triton_ops.restart_epochs(0)
     workspaces = triton_ops.workspaces(torch.device("cpu"), 64, 8)
     _, flags, epoch = triton_ops.scratch(workspaces)
     assert epoch == 1
     flags.fill_(epoch)  # every slot published in the first call, never written again
-    monkeypatch.setattr(triton_ops, "_EPOCHS", itertools.count(triton_ops.EPOCH_LIMIT - 1))  # 2**31 - 2 calls later
+    triton_ops.restart_epochs(triton_ops.EPOCH_LIMIT - 1)  # 2**31 - 2 calls later
     assert triton_ops.scratch(workspaces)[2] == triton_ops.EPOCH_LIMIT
     _, flags, epoch = triton_ops.scratch(workspaces)
     assert epoch == 1 and not bool((flags == epoch).any())
+    triton_ops.restart_epochs(3 * triton_ops.EPOCH_LIMIT + 41)
+    assert triton_ops.scratch(workspaces)[2] == 42
+
+
+@pytest.mark.parametrize("calls_made, error, message", [
+    (-1, ValueError, "calls_made must be >= 0, got -1"), (1.0, TypeError, "calls_made must be an int, got float"),
+    (True, TypeError, "calls_made must be an int, got bool")])
+def test_restart_epochs_names_a_bad_count(calls_made, error, message):
+    from provable_kernels.segment import triton_ops
+
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        triton_ops.restart_epochs(calls_made)
+
+
+def test_the_chunk_rows_probe_runs_the_kernels_rule():
+    """The registration's test kernel returns ``triton_segment.chunk_rows`` per length: the oracle's Python loop of
+    the documented rule, at the interpreter's sizes (16-row chunks doubling once, target 2: 16 rows up to 32, 32
+    rows above); a bad length is named."""
+    from provable_kernels.segment import probes
+
+    lengths = [0, 1, 31, 32, 33, 64, 65, 200]
+    assert probes.chunk_rows_of(lengths, 16, 1, 2, torch.device("cpu")) == [16, 16, 16, 16, 32, 32, 32, 32]
+    with pytest.raises(ValueError, match=r"^lengths must be ints >= 0, got \[3, -1\]$"):
+        probes.chunk_rows_of([3, -1], 16, 1, 2, torch.device("cpu"))

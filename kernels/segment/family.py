@@ -8,24 +8,21 @@ Outputs of a route, by name: ``segment_reduce`` routes give ``value`` (S, ...) a
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
-from provable_kernels.segment import oracle, torch_ops, triton_ops
+from provable_kernels.segment import oracle, probes, torch_ops, triton_ops
 from provable_kernels.segment.call import make_call
 from provable_kernels.segment.dispatch import TREE, segment_max_backward, segment_min_backward, segment_reduce
-from provable_kernels.segment.triton_segment import FAN, chunk_rows, segment_chunk_kernel
+from provable_kernels.segment.triton_segment import FAN, segment_chunk_kernel
 
 
 def across_the_epochs_wrap(*args: Any, **kwargs: Any) -> torch.Tensor:
     """``segment_reduce`` as the call after 2**31 - 1 others in one process: the epochs (int32, never 0) wrap to 1
     there, and flags kept from earlier calls must not pass for this call's."""
-    triton_ops._EPOCHS = itertools.count(2**31 - 1)
+    triton_ops.restart_epochs(triton_ops.EPOCH_LIMIT)
     return segment_reduce(*args, **kwargs)
 
 
@@ -242,13 +239,6 @@ def nan_propagates(check: Any, case: Any) -> None:
         check.close(f"{name} (non-NaN entries)", got[name].cpu()[~torch.isnan(value)], value[~torch.isnan(value)])
 
 
-@triton.jit
-def _chunk_rows_of(lengths_ptr, out_ptr, K: tl.constexpr, MIN_CHUNK: tl.constexpr, DOUBLINGS: tl.constexpr,
-                   TARGET: tl.constexpr):
-    k = tl.arange(0, K)
-    tl.store(out_ptr + k, chunk_rows(tl.load(lengths_ptr + k), MIN_CHUNK, DOUBLINGS, TARGET))
-
-
 def chunks_follow_the_rule(check: Any, case: Any) -> None:
     """The kernels cut a long segment of n rows into chunks of the least power of two >= min_chunk rows holding n in
     at most target chunks, capped at min_chunk * 2**doublings (``triton_ops.Sizes`` of the case's device): against
@@ -259,11 +249,7 @@ def chunks_follow_the_rule(check: Any, case: Any) -> None:
     lengths = [0, 1, 2 * (z.min_chunk << z.doublings) * z.target] + [
         (z.min_chunk << i) * z.target + d for i in range(z.doublings + 1) for d in (-1, 0, 1)]
     want = [oracle.chunk_rows(n, z.min_chunk, z.doublings, z.target) for n in lengths]
-    K = triton.next_power_of_2(len(lengths))
-    n = torch.tensor(lengths + [0] * (K - len(lengths)), dtype=torch.int32, device=case.device)
-    out = torch.empty_like(n)
-    _chunk_rows_of[(1,)](n, out, K=K, MIN_CHUNK=z.min_chunk, DOUBLINGS=z.doublings, TARGET=z.target)
-    got = out[:len(lengths)].tolist()
+    got = probes.chunk_rows_of(lengths, z.min_chunk, z.doublings, z.target, case.device)
     check.expect(got == want, f"chunk rows of lengths {lengths}: {got}, the rule gives {want}")
 
 

@@ -15,7 +15,7 @@ and launches; the public call's direct runners (``dispatch``) hold their plan.
 Launches per call: forward 1 in either index form (with ids the chunk kernel finds the offsets itself and writes
 them; a long segment is finished by its last chunk's program), backward 1. No torch op runs on the device: the value
 checks are inside the kernels (``triton_segment`` module doc), ``empty`` reaches the kernel as two float32 halves,
-there is no chunk table (a long chunk's program finds its segment by a binary search, or by its row's id) and the
+there is no chunk table (a long chunk's program finds its segment by a FAN-ary search, or by its row's id) and the
 long chunks' workspace and flags are kept between calls (:func:`scratch`): no allocation but the outputs.
 
 Sizes (:class:`Sizes`, from D's column block only, so that N and S never compile a kernel and a segment's reduction
@@ -123,6 +123,19 @@ def _cdiv(a: int, b: int) -> int:
 _EPOCHS = itertools.count()
 EPOCH_LIMIT = 2**31 - 1
 PARTIALS, FLAGS = "segment.partials", "segment.flags"  # the forward's kept workspaces
+
+
+def restart_epochs(calls_made: int) -> None:
+    """Number the next forward launches as if ``calls_made`` (an int >= 0) had run before them in this process: the
+    next call's epoch is ``calls_made % EPOCH_LIMIT + 1`` (:func:`scratch`; ``EPOCH_LIMIT`` makes the next call the
+    one at the wrap, which drops the kept flags). For verifying the wrap; the epochs otherwise count from the
+    process's first call."""
+    global _EPOCHS
+    if isinstance(calls_made, bool) or not isinstance(calls_made, int):  # verify: unreached (tests/test_segment.py)
+        raise TypeError(f"calls_made must be an int, got {type(calls_made).__name__}")
+    if calls_made < 0:  # verify: unreached (tests/test_segment.py)
+        raise ValueError(f"calls_made must be >= 0, got {calls_made}")
+    _EPOCHS = itertools.count(calls_made)
 
 
 def scratch(workspaces: alloc.Workspaces) -> tuple[Tensor, Tensor, int]:

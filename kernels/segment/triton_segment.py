@@ -1,7 +1,7 @@
 """Triton kernels of the segment reductions (``@triton.jit`` code only; host side in ``triton_ops``).
 
 Layout: ``x`` is viewed as (N, D) with row and column strides; outputs are contiguous (S, D); ``offsets`` (S+1,) are
-the CSR offsets, given (offsets form) or, with sorted ``ids`` (IDS), found by the chunk kernel itself (a binary search
+the CSR offsets, given (offsets form) or, with sorted ``ids`` (IDS), found by the chunk kernel itself (a FAN-ary search
 per segment bound, :func:`_id_bounds`) and written for the backward. N and S are runtime
 arguments (never compiled in); the constexprs depend on D's column block, the dtype and the reduction only
 (``triton_ops.Sizes``). D and the strides keep Triton's default specialisation (equal to 1, divisible by 16), which
@@ -17,7 +17,7 @@ a batch):
   of two from its own length). Chunk j of a segment starting at row a is reduced by program a // SHORT + j of the long
   part of the grid (LANES lanes; the long part comes first in the grid, so that its work, or its idling, overlaps the
   short segments') into workspace slot a // SHORT + j (a long segment has at most n // SHORT chunks, so slots of
-  different segments never meet): the program finds its segment with a binary search over the offsets
+  different segments never meet): the program finds its segment with a FAN-ary search over the offsets
   (:func:`segment_at`), or as the id of its last row (IDS), no chunk table. The program of the segment's last chunk
   then finishes it (:func:`_combine_segment`): it waits until the programs of the segment's other slots have
   published their partials (:func:`_wait_published`) and reduces the partials in chunk order with a fixed lane
@@ -343,7 +343,7 @@ def _long_chunk(x_ptr, offsets_ptr, ids_ptr, out_ptr, arg_ptr, part_v_ptr, part_
     """Workspace slot q: chunk j = q - start // SHORT of the long segment holding row (q + 1) SHORT - 1, when there
     is one, reduced by LANES lanes into partial row q; the slot's tag is that segment's id, or -1 (every slot's tag
     is written by every call, so no stale one is read), and the slot is published (:func:`_publish`). The program
-    of the segment's last chunk then finishes the segment (:func:`_combine_segment`). The segment: a binary search
+    of the segment's last chunk then finishes the segment (:func:`_combine_segment`). The segment: a FAN-ary search
     over the offsets, or (IDS) the row's id, clamped into 0 .. S - 1 (its bounds are then checked like any other)."""
     row = (q + 1) * SHORT - 1
     if IDS:

@@ -12,7 +12,7 @@ and meta / fake tensors get the right output shapes without running anything:
   kernel runs the forward and, at once, the backward for grad_logZ = 1, whose per-sequence float64 gradients are
   saved (one flat tensor: g_cum (B, T+1, C), the transition and duration-bias sums per sequence, g_ps, g_pe when
   present), so that the backward is one launch that scales them by grad_logZ: it runs on autograd's device
-  thread, where a launch costs about twice the host time of the caller's thread (benchmarks/NOTES-semicrf.md).
+  thread, where a launch costs about twice the host time of the caller's thread.
   torch: the float64 logZ; the backward recomputes its checkpoints.
 - ``semicrf_log_backward(cum, trans, dur, lengths, ps, pe, saved, grad, K, backend) -> [g_cum, g_trans, g_dur,
   (g_ps), (g_pe)]``: the hand-written backward. It is first order only: differentiating it again (a gradient

@@ -80,7 +80,7 @@ INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # The Triton kernels keep a (CP, CP) transition tile (CP = C padded to a power of two) and its float64 gradient
 # sums in registers for the whole sequence. Up to CP = 64 that fits the register file; at CP = 128 it spills and
-# the backward takes 24 s to compile for sm_90, at CP = 512 (C = 257) more than 200 s (benchmarks/NOTES-semicrf.md).
+# the backward takes 24 s to compile for sm_90, at CP = 512 (C = 257) more than 200 s.
 TRITON_MAX_LABELS = 64
 
 

@@ -20,7 +20,7 @@ Precision scheme (the same in every kernel of this family):
     ~1.4e-4 norm-wise on the gradients at T = 1e5 with a float32 chain, ~2e-7 with a float64 one);
   - float32 (hardware exp/log) for the inference route with float32 inputs (``triton_ops.partition``): logZ
     stays accurate because the offsets A[t] and the ring entries are float64 (measured at T = 1e5: logZ relative
-    error 5.3e-8, i.e. its float32 output rounding; benchmarks/NOTES-semicrf.md, run 1).
+    error 5.3e-8, i.e. its float32 output rounding).
   Exceptions, both O(1)-valued: the 3-D transition's per-duration reduction in(s, d) over c' (a (DB, C, C) tile per
   chunk) runs in the input dtype, and so do the backward's marginals (outputs, never fed back).
 

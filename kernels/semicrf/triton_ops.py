@@ -5,30 +5,20 @@ Conventions in :mod:`provable_kernels.semicrf.call`. ``partition`` and ``viterbi
 gradients of its own logZ, computed at once) and ``backward`` (those scaled by grad_logZ: one launch, so that
 autograd's backward pass costs little host time). Every kernel runs one program per sequence,
 sequential over positions, with edges computed on the fly from ``cum_scores`` and O(K*C) live state (a ring of the
-last K+1 positions in a small per-sequence scratch). Any K >= 1 (durations longer than T never occur, so K is
-capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional proj_start / proj_end, variable
-lengths, float32 or float64 inputs; outputs in the input dtype.
+last K+1 positions in a small per-sequence scratch, or in registers: :func:`register_ring`). Any K >= 1 (durations
+longer than T never occur, so K is capped at T internally), 2-D (C, C) or 3-D (K, C, C) transitions, optional
+proj_start / proj_end, variable lengths, float32 or float64 inputs; outputs in the input dtype.
 
 Precision per route (float32 inputs; see :mod:`provable_kernels.semicrf.triton_forward`). Every route carries float64
-offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T dependent steps runs in
-
-- float32 for inference (``partition``: the ``log.infer`` / ``max.infer`` routes): logZ relative error 5.3e-8 at
-  T = 1e5 measured on an H200 (benchmarks/NOTES-semicrf.md, run 1), i.e. its float32 output rounding; ~2.5x
-  faster per step than a float64 chain on short shapes (run 1 vs run 3);
-- float64 for training (``train_forward``) and Viterbi: gradients were 1.4e-4 off at T = 1e5
-  with a float32 chain (an error random walk), ~2e-7 with the float64 one (run 3); Viterbi's max chain and
-  backpointers stay exactly those of the float64 recursion.
-
-On the training routes the kernels' working dtype ``FT`` (values relative to an offset, marginals, the 3-D
-transitions' reduction over the previous label, the kept alpha values) is float64 too: with float32 it
-was O(1) only for moderate scores, and the exponent of a marginal, a sum of float32 terms as large as the scores,
-lost ~1e-7 x |scores| absolutely (norm-wise gradient error 4.5e-4 at score scale 1e4, 5e-2 at 1e6). With
-float64 the error no longer grows with the magnitude (tests/test_semicrf_training.py; the accuracy-vs-scale table
-of the semi-CRF `precision` check): gradients within 1e-4 norm-wise relative and logZ within 1e-6 relative of
-a float64 run for scores, transitions and duration biases up to 1e4 and, as measured, beyond (1e6); float32
-remains only in the inference chain and in the gradients' output dtype. Requirement: at T = 100,000, logZ within
-1e-6 relative of a float64 computation and gradients within 1e-4 norm-wise relative. float64 inputs run in
-float64 throughout.
+offsets and float64 ring entries; the ⊕ (logsumexp / max) along the chain of T dependent steps runs in float32 for
+inference (``partition``: the ``log.infer`` / ``max.infer`` routes) and in float64 for training (``train_forward``)
+and Viterbi, whose max chain and backpointers are those of the float64 recursion. On the training routes the
+kernels' working dtype ``FT`` (values relative to an offset, marginals, the 3-D transitions' reduction over the
+previous label, the kept alpha values) is float64 too, so that the error does not grow with the scores'
+magnitude; float32 remains only in the inference chain and in the gradients' output dtype. Requirement: at
+T = 100,000, logZ within 1e-6 relative of a float64 computation and gradients within 1e-4 norm-wise relative, for
+scores, transitions and duration biases up to 1e4 (tests/test_semicrf_training.py). float64 inputs run in float64
+throughout. Why each dtype, and what it measured: ``traces/guide/semicrf-design.md``.
 
 Guards: -inf transitions / duration biases never give NaN (every logsumexp shift is guarded); a sequence with no
 segmentation of finite score gets logZ = -inf and zero gradients; its Viterbi score is -inf with some valid
@@ -44,9 +34,6 @@ Memory per sequence (T = cum_scores.shape[1] - 1, K capped at T):
   it returns the sequence's float64 gradients for grad_logZ = 1, (T+1)*C (+ 2*T*C with both projections) and the
   partial sums K*C + C*C (3-D: K*C + K*C*C). The training route keeps these from the forward to the backward
   (:mod:`~provable_kernels.semicrf.autograd`), O(T*C + K*C*C) per sequence, like the gradients themselves.
-  (Before the backward ran in the forward, the forward kept ring checkpoints every sqrt(T*K) steps and the
-  backward recomputed alpha from them; with the gradients held anyway that saved no memory, and the recompute
-  cost a third of the backward's time: benchmarks/NOTES-semicrf.md.)
 - ``backward`` writes the gradients (the inputs' sizes).
 - ``viterbi``: backpointers 2*(T+1)*C int32.
 
@@ -82,7 +69,7 @@ REGISTER_RING_TILE = 4096  # elements of the register ring's shift tile (DB, DB,
 
 def config(K: int, C: int, trans_3d: bool) -> tuple[int, int, int]:
     """(durations per chunk, forward warps, backward warps) for capped K and C labels: then warps from the
-    chunk's tile size e (measured on an H200, benchmarks/NOTES-semicrf.md): forward e/128 in [2, 8], backward
+    chunk's tile size e (swept on an H200): forward e/128 in [2, 8], backward
     (more independent work per step) e/64 in [4, 8]. Memoised (host overhead per call)."""
     return _config(K, C, trans_3d, TILE_2D, TILE_3D)
 
@@ -261,8 +248,8 @@ def _require_interpreter(device: torch.device) -> None:
 def register_ring(plan: _Plan) -> bool:
     """Whether the forward kernel holds its ring in registers (``REG_RING``, one warp; module docstring of
     :mod:`~provable_kernels.semicrf.triton_forward`): 2-D transitions, every duration in one chunk, and its shift
-    tile of DB * DB * CP float64 elements within :data:`REGISTER_RING_TILE` (measured on an H200 at 32,25,5,20:
-    18.9 against 27.0 us with the ring in memory; benchmarks/NOTES-semicrf.md)."""
+    tile of DB * DB * CP float64 elements within :data:`REGISTER_RING_TILE` (faster than the ring in memory
+    wherever it fits: ``traces/guide/semicrf-design.md``)."""
     DB = plan.durations_per_chunk
     return (not plan.trans_3d and plan.K <= DB
             and DB * DB * triton.next_power_of_2(plan.C) <= REGISTER_RING_TILE)
