@@ -351,12 +351,21 @@ def environment(device: torch.device, packages: Sequence[str] = ()) -> dict:
     return {"device": device_identity(device), "versions": versions, "commit": current_commit()}
 
 
+COMMIT_ID = re.compile(r"[0-9a-f]{4,40}")  # a git commit id, full or abbreviated
+
+
 def current_commit() -> str:
     """The commit results are stamped with: the verification records' rule
-    (:func:`kernel_sentinel.records.head_commit`: ``SENTINEL_COMMIT`` when set, else git's HEAD)."""
+    (:func:`kernel_sentinel.records.head_commit`: ``SENTINEL_COMMIT`` when set, else git's HEAD); a ``ValueError``
+    when that is no commit id (a tree copied without its git checkout, or ``SENTINEL_COMMIT`` set to
+    ``.git/HEAD``'s text)."""
     from kernel_sentinel.records import head_commit
 
-    return head_commit()
+    commit = head_commit()
+    if not COMMIT_ID.fullmatch(commit):
+        raise ValueError(f"SENTINEL_COMMIT must be a commit id (export SENTINEL_COMMIT=$(git rev-parse HEAD) where "
+                         f"the tree was copied from), got {commit!r}")
+    return commit
 
 
 def blob_id(path: Path) -> str:

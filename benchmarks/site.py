@@ -9,6 +9,9 @@ plots, copied next to the page into ``traces/guide/benchmarks/<family>/<device s
 the full width of the content), then each device's kernel breakdown (``breakdown.json``) and checks
 (``checks.json``). ``overhead.md`` gathers every family's public-call report
 (``results/<family>/<device slug>/overhead.json``).
+A run that its wall-clock budget cut short (a measurement ``skipped`` for the budget) is marked INCOMPLETE and
+shows what is missing and the command that makes a complete run, none of its numbers (no plot, median or target:
+a missing point is no data). A commit that is no commit id reads **not a commit id**.
 A page is marked STALE when a source file of the family changed since the run: the git blob ids stored in the
 run's header (``sources``) are compared with those of ``Family.source_files()`` now. Pages are deterministic
 (no generation time), so ``--check`` (and tests/test_benchmarks_site.py) can tell whether they are current.
@@ -22,11 +25,12 @@ from typing import Optional
 from benchmarks import adapters
 from benchmarks.adapters import PHASES
 from benchmarks.analysis import baseline_ratios, default_baseline, targets
-from benchmarks.common import blob_id, fmt
+from benchmarks.common import COMMIT_ID, blob_id, fmt
 from benchmarks.runner import finite, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = REPO / "traces" / "guide" / "benchmarks"
+BUDGET = "budget"  # the word of both statuses of a measurement the run's budget left out (benchmarks.common)
 KEY_PLOTS = ("speedup_over_peer.png", "time_vs_{first}.png", "ratio_heatmap_both.png", "ratio_heatmap_forward.png",
              "bandwidth_vs_{first}.png", "backward_forward.png")
 # The plots are shown one per row at the full width of the content (md_in_html keeps the images Markdown, so their
@@ -57,6 +61,36 @@ def staleness(header: dict, family: str) -> Optional[list[str]]:
     if now is None or not then:
         return None
     return sorted(p for p in now if now[p] != then.get(p))
+
+
+def commit_text(commit: object) -> str:
+    """A run's commit as Markdown code, or ``**not a commit id**`` with what the run stored instead."""
+    return f"`{commit}`" if isinstance(commit, str) and COMMIT_ID.fullmatch(commit) else \
+        f"**not a commit id** (the run stored `{commit!r}`)"
+
+
+def unmeasured(rows: list[dict]) -> list[dict]:
+    """The rows the run's wall-clock budget left unmeasured (``skipped:`` for the budget: spent, or too little of
+    it left for one call); a run without them is complete."""
+    return [r for r in rows if r["status"].startswith("skipped:") and BUDGET in r["status"]]
+
+
+def missing_section(family: str, run_dir: Path, header: dict, rows: list[dict], missing: list[dict]) -> list[str]:
+    """Markdown of an incomplete run: what is missing (per configuration, the implementations and phases) and the
+    command that makes a complete run; none of its numbers are shown."""
+    budget = header.get("settings", {}).get("budget_s")
+    lines = ['!!! warning "INCOMPLETE"',
+             f"    The run's wall-clock budget{f' ({budget:g} s)' if budget else ''} ran out: {len(missing)} of "
+             f"{len(rows)} measurements {'was' if len(missing) == 1 else 'were'} not made, so its plots, medians and targets are not shown. Rerun it "
+             f"on a GPU with the default budget (`python -m benchmarks gpu --out benchmarks/results --families "
+             f"{family}`, then `python -m benchmarks site`).", "", "### Not measured", ""]
+    by_config: dict[str, dict[str, list[str]]] = {}
+    for r in missing:
+        by_config.setdefault(r["config"], {}).setdefault(r["impl"], []).append(r["phase"])
+    lines += [f"- {config}: " + "; ".join(f"{impl} ({', '.join(phases)})" for impl, phases in impls.items())
+              for config, impls in by_config.items()]
+    rel = run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir
+    return lines + ["", f"Partial results: `{rel}/`.", ""]
 
 
 def results_table(rows: list[dict], adapter: adapters.Adapter, baseline: str) -> list[str]:
@@ -104,7 +138,7 @@ def run_section(family: str, adapter: adapters.Adapter, run_dir: Path, header: d
     device, versions = header.get("device", {}), header.get("versions", {})
     baseline = default_baseline(adapter, rows)
     lines += [f"- **Device**: {device.get('name', '?')} ({device.get('type', '?')})",
-              f"- **Commit**: `{header.get('commit', '?')}`",
+              f"- **Commit**: {commit_text(header.get('commit'))}",
               f"- **Date**: {header.get('started', '?')}",
               "- **Versions**: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
               f"- **Floors**: {header.get('floors', {}).get('description', '?')}",
@@ -112,6 +146,9 @@ def run_section(family: str, adapter: adapters.Adapter, run_dir: Path, header: d
               f"- **Ratios**: time / time of `{baseline}` at the same configuration and phase (> 1: `{baseline}` "
               "is faster)", ""]
     lines += [f"- {note}" for note in header.get("settings", {}).get("notes", [])] + [""]
+    missing = unmeasured(rows)
+    if missing:
+        return lines + missing_section(family, run_dir, header, rows, missing), {}
     plots: dict[str, bytes] = {}
     for name in KEY_PLOTS:
         name = f"{run_dir.name}/{name.format(first=adapter.plot_axes[0])}"
@@ -148,7 +185,7 @@ def breakdown_section(run: dict) -> list[str]:
     """Markdown of one device's kernel breakdown (``python -m benchmarks breakdown``): per configuration and phase
     the call's wall time, its kernels' device time, the floor, the longest kernel and the status."""
     env = run["environment"]
-    lines = [f"## Kernel breakdown: {env['device']['name']}", "", f"- **Commit**: `{env['commit']}`",
+    lines = [f"## Kernel breakdown: {env['device']['name']}", "", f"- **Commit**: {commit_text(env['commit'])}",
              f"- **Floors**: {run.get('floors', '?')}", "",
              "Per call (mean of the profiled calls): wall time (synchronised), the sum of its CUDA kernels' device "
              "times, the floor, the longest kernel.", "",
@@ -166,7 +203,7 @@ def breakdown_section(run: dict) -> list[str]:
 
 def checks_section(run: dict) -> list[str]:
     """Markdown of one device's checks (``python -m benchmarks check``): verdict, evidence rows, time."""
-    lines = [f"## Checks: {run['device']['name']}", "", f"- **Commit**: `{run['commit']}`", "",
+    lines = [f"## Checks: {run['device']['name']}", "", f"- **Commit**: {commit_text(run['commit'])}", "",
              "| check | verdict | rows (failed) | seconds | requirement |", "|---|---|---|---|---|"]
     for name, result in run["checks"].items():
         rows = result.get("rows", [])
@@ -251,7 +288,7 @@ def overhead_page(results: Path) -> Optional[str]:
     for slug in sorted(by_device):
         runs = by_device[slug]
         env, targets = runs[0]["environment"], runs[0]["targets_x_trivial"]
-        commits = ", ".join(dict.fromkeys(f"`{r['environment']['commit']}`" for r in runs))
+        commits = ", ".join(dict.fromkeys(commit_text(r["environment"]["commit"]) for r in runs))
         gpu_busy = all(r.get("host_method") == "gpu-busy" for r in runs)
         host = ("the forward's host time with the GPU held busy" if gpu_busy else
                 "forward - kernel (an older run: a host time shorter than the kernel hides under it)")

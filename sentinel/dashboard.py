@@ -12,6 +12,9 @@
   ``sentinel mutate --record``).
 - :func:`decorate`: a Mermaid decision tree with its leaves coloured by status and linked to the route's row.
 - :func:`failure_modes` and :func:`known_issues`: the failure-mode routing table and the known-issues table.
+- :func:`glance`: the home page's first screen: :func:`headline` (families, routes, devices, which records are
+  stale, failures, mutation scores) and :func:`grid` (family x device, each cell coloured by its status).
+- :func:`without_roles`: Markdown with the Sphinx roles of docstrings (``:class:`~a.B```) turned into code spans.
 
 Rendering only: what a record holds is defined in :mod:`kernel_sentinel.records`.
 """
@@ -344,3 +347,91 @@ def broken_link(target: str, documents: Mapping[str, str], guide: Path) -> Optio
     if fragment and fragment not in anchors(text):
         return f"{page} has no section #{fragment}"
     return None
+
+
+# A Sphinx role (``:class:`~pkg.mod.Name```, ``:py:func:`f```, ``:ref:`text <target>```) and a fenced code block
+_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+_FENCE = re.compile(r"^```.*?^```[ \t]*$", re.S | re.M)
+
+
+def without_roles(markdown: str) -> str:
+    """``markdown`` with every Sphinx role outside fenced code blocks as a code span: ``:class:`~a.B``` -> ```B```
+    (the ``~`` form shows the last name), ``:func:`a.f``` -> ```a.f```, ``:ref:`text <target>``` -> ```text```."""
+
+    def code(match: re.Match) -> str:
+        shown = match.group(2).rsplit(".", 1)[-1] if match.group(1) else match.group(2)
+        return f"`{shown}`"
+
+    parts, last = [], 0
+    for fence in _FENCE.finditer(markdown):
+        parts += [_ROLE.sub(code, markdown[last:fence.start()]), fence.group(0)]
+        last = fence.end()
+    return "".join(parts + [_ROLE.sub(code, markdown[last:])])
+
+
+GRID_CLASS = "sentinel-{}"  # the stylesheet of sentinel/site.py colours each status class
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One family on one device: ``status`` (pass / fail / stale / not run), routes passed and routes, and the
+    recorded result behind a stale status."""
+
+    status: str
+    passed: int = 0
+    routes: int = 0
+    recorded: str = ""
+
+    def cell(self) -> str:
+        """The grid's cell: the status with its icon, coloured (``GRID_CLASS``), with the routes passed."""
+        count = f" {self.passed}/{self.routes}" if self.routes else ""
+        text = SYMBOL[self.status] + (f" ({self.recorded}{count})" if self.status == "stale" else count)
+        return f'<span class="{GRID_CLASS.format(self.status.replace(" ", "-"))}">{text}</span>'
+
+
+def device_states(status: FamilyStatus) -> dict[str, DeviceState]:
+    """The state of ``status``'s family on each recorded device (by :func:`device_label`)."""
+    routes = [r for r, _, _ in status.routes]
+    states = {}
+    for record in status.records:
+        passed = _passed(record, routes)
+        result = "pass" if passed == len(routes) else "fail"
+        current = is_current(record, status.blobs)
+        states[device_label(record)] = DeviceState(result if current else "stale", passed, len(routes), result)
+    return states
+
+
+def headline(statuses: Sequence[FamilyStatus]) -> str:
+    """One line: families, routes and devices; which devices' records are all current and which are stale (for
+    which families); the failures of current records; every family's mutation kill rate."""
+    columns = devices(statuses)
+    states = {s.family: device_states(s) for s in statuses}
+    routes = sum(len(s.routes) for s in statuses)
+    parts = [f"**{len(statuses)} families, {routes} routes, {len(columns)} devices**"]
+    for device in columns:
+        stale = [f for f in states if states[f].get(device, DeviceState("not run")).status == "stale"]
+        missing = [f for f in states if device not in states[f]]
+        if stale:
+            parts.append(f"{device}: {SYMBOL['stale'].replace(' stale', ' **STALE**')} ({', '.join(stale)})")
+        elif not missing:
+            parts.append(f"{device}: :material-check-circle: all current")
+        if missing:
+            parts.append(f"{device}: {SYMBOL['not run']} ({', '.join(missing)})")
+    failing = [f"{f} on {d}" for f in states for d, state in states[f].items() if state.status == "fail"]
+    parts.append(f"{SYMBOL['fail']}: {', '.join(failing)}" if failing else "no failures in current records")
+    rates = [f"{s.family} {kill_rate(s.mutation, short=True)}" for s in statuses]
+    parts.append("mutants killed: " + ", ".join(rates))
+    return " · ".join(parts)
+
+
+def grid(statuses: Sequence[FamilyStatus]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the family x device grid: a row per family, a column per device (the CPU first), each
+    cell its :class:`DeviceState`, then the family's mutation kill rate."""
+    columns = devices(statuses)
+    rows = []
+    for status in statuses:
+        states = device_states(status)
+        rows.append([f"[{status.family}]({status.family}/index.md)"]
+                    + [states.get(c, DeviceState("not run")).cell() for c in columns]
+                    + [kill_rate(status.mutation, short=True)])
+    return ["family", *columns, "mutants killed"], rows

@@ -3,7 +3,7 @@
 A route result (also the route objects of the JSON report)::
 
     {"id", "family", "dtype": "float32"|..., "status": "pass"|"fail",
-     "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "detail", "repro", "seconds"}]}
+     "checks": [{"name", "status", "max_abs", "max_rel", "atol", "rtol", "of_tol", "detail", "repro", "seconds"}]}
 
 A route runs once per input dtype of its family, so results are keyed by ``(id, dtype)`` (:func:`row_key`).
 
@@ -48,7 +48,8 @@ def _number(x: Optional[float]) -> Optional[float]:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One check of one route. ``max_abs``/``max_rel``/``atol``/``rtol`` are None where nothing was compared."""
+    """One check of one route. ``max_abs``/``max_rel``/``atol``/``rtol`` are None where nothing was compared;
+    ``of_tol`` is the largest ``|x - ref| / (atol + rtol * |ref|)``, the criterion (it passes at ``<= 1``)."""
 
     name: str
     passed: bool
@@ -58,6 +59,7 @@ class CheckResult:
     max_rel: Optional[float] = None
     atol: Optional[float] = None
     rtol: Optional[float] = None
+    of_tol: Optional[float] = None
     seconds: Optional[float] = field(default=None, compare=False)  # wall time; not part of the result's identity
 
     @property
@@ -72,6 +74,7 @@ class CheckResult:
             "max_rel": _number(self.max_rel),
             "atol": _number(self.atol),
             "rtol": _number(self.rtol),
+            "of_tol": _number(self.of_tol),
             "detail": self.detail,
             "repro": self.repro,
             "seconds": None if self.seconds is None else round(self.seconds, 2),

@@ -57,16 +57,19 @@ def run_with_progress(selected: Sequence[tuple[Any, str, Any]], options: Any,
     return results
 
 
+def of_tol_text(of_tol: float) -> str:
+    """A check's criterion: its largest error as a fraction of the allowed bound, ``0.21 of tol``."""
+    return f"{of_tol:.2g} of tol"
+
+
 def _error_cell(check: Optional[CheckResult]) -> str:
-    if check is None or check.max_abs is None:
-        return "-"
-    return f"{check.max_abs:.2e} / {check.max_rel:.2e}"
+    return "-" if check is None or check.of_tol is None else of_tol_text(check.of_tol)
 
 
 def _tolerance_cell(check: Optional[CheckResult]) -> str:
     if check is None or check.atol is None:
         return "-"
-    return f"{check.atol:g} / {check.rtol:g}"
+    return f"{check.atol:g} + {check.rtol:g}·|ref|"
 
 
 def _find(result: RouteResult, name: str) -> Optional[CheckResult]:
@@ -74,14 +77,16 @@ def _find(result: RouteResult, name: str) -> Optional[CheckResult]:
 
 
 def results_table(results: Sequence[RouteResult]) -> Table:
-    """One row per route and dtype: checks passed, max abs/rel error vs reference and vs exact, tolerance, status."""
+    """One row per route and dtype: checks passed, the largest error vs reference and vs exact as a fraction of the
+    bound it must stay under (elementwise ``|x - ref| <= atol + rtol * |ref|``: passes at <= 1), that bound,
+    status. The absolute and relative errors are in the JSON report."""
     table = Table(title="sentinel verify", show_lines=False)
     table.add_column("route", no_wrap=True)
     table.add_column("dtype")
     table.add_column("checks")
-    table.add_column("vs reference (abs / rel)", justify="right")
-    table.add_column("vs exact (abs / rel)", justify="right")
-    table.add_column("tolerance (atol / rtol)", justify="right")
+    table.add_column("vs reference", justify="right")
+    table.add_column("vs exact", justify="right")
+    table.add_column("tol (|x - ref| <= tol)", justify="right")
     table.add_column("status")
     for r in results:
         failed = [c.name for c in r.checks if not c.passed]
@@ -111,12 +116,20 @@ def print_results(results: Sequence[RouteResult], problems: Sequence[str], elaps
                     out.print(f"     {escape(line)}", soft_wrap=True, highlight=False)
     for problem in problems:
         out.print(f"[bold red]FAIL[/] {escape(problem)}", soft_wrap=True)
-    failed = sum(not r.passed for r in results)
     if not results:
         out.print("[bold red]no route ran[/]")
+    out.print(summary_line(results, problems, elapsed, device), highlight=False)
+
+
+def summary_line(results: Sequence[RouteResult], problems: Sequence[str], elapsed: float,
+                 device: dict[str, Any]) -> str:
+    """``N routes on DEVICE: P passed, F failed[, K problems] in S s (...)``: every failure that sets the exit
+    code is counted, the failed rows and the ``problems`` (broken declarations, unreached coverage lines)."""
+    failed = sum(not r.passed for r in results)
     dtypes = ", ".join(dict.fromkeys(r.dtype for r in results))
-    out.print(f"{len(results)} routes on {device_text(device)}: {len(results) - failed} passed, {failed} failed "
-              f"in {elapsed:.1f} s (one row per route and dtype: {dtypes or 'none'})", highlight=False)
+    counted = f", {len(problems)} problem{'s' if len(problems) != 1 else ''} (FAIL above)" if problems else ""
+    return (f"{len(results)} routes on {device_text(device)}: {len(results) - failed} passed, {failed} failed"
+            f"{counted} in {elapsed:.1f} s (one row per route and dtype: {dtypes or 'none'})")
 
 
 def json_report(results: Sequence[RouteResult], commit: str, device: dict[str, Any],

@@ -107,7 +107,7 @@ def _errors(measurements: Sequence[Measurement]) -> dict[str, float]:
         return {}
     worst = max(measurements, key=lambda m: m.ratio)
     return {"max_abs": max(m.max_abs for m in measurements), "max_rel": max(m.max_rel for m in measurements),
-            "atol": worst.atol, "rtol": worst.rtol}
+            "atol": worst.atol, "rtol": worst.rtol, "of_tol": worst.ratio}
 
 
 def _measured(name: str, measurements: Sequence[Measurement], repro: str) -> CheckResult:

@@ -10,7 +10,12 @@ material mounts any diagram:
   against the pinned integrity, cached for every repository in ``mermaid-<version>/`` of :func:`cache_root`);
 - ``assets/javascripts/mermaid-init.js``, which turns off Mermaid's own render-on-load pass so that material alone
   renders the diagrams (with its theme colours, light and dark);
-- ``assets/stylesheets/sentinel.css`` (``extra_css``): code in tables, route ids above all, never breaks mid-word.
+- ``assets/stylesheets/sentinel.css`` (``extra_css``): code in tables, route ids above all, never breaks mid-word;
+  the content takes the window's width and wraps table cells and code lines, so that no page scrolls sideways at
+  desktop widths; the home page's grid cells are coloured by status (the Mermaid colours of
+  :data:`kernel_sentinel.dashboard.COLOURS`).
+
+Generated pages (their opening says "do not edit") hide the table of contents, for the width of their tables.
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ from pathlib import Path
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+from kernel_sentinel.dashboard import COLOURS
 
 MERMAID_VERSION = "11.17.2"
 MERMAID_INTEGRITY = "sha512-V6K3C8EBdEsPFZXSKMJe6ppQOENxuHARr9GvHX4hh47lAbhMRD9qf4oEK7LoaRQxULMa80/qt5gHO73aCleBBg=="
@@ -35,8 +43,24 @@ INIT_URI = "assets/javascripts/mermaid-init.js"
 INIT_JS = "// Material renders the diagrams (see sentinel/site.py); Mermaid must not start on its own.\n" \
           "mermaid.initialize({ startOnLoad: false });\n"
 CSS_URI = "assets/stylesheets/sentinel.css"
-CSS = "/* Route ids and other code in tables never break mid-word (sentinel/site.py). */\n" \
-      ".md-typeset table code { white-space: nowrap; word-break: keep-all; }\n"
+CSS = """/* The trace site's stylesheet (sentinel/site.py). */
+/* Route ids and other code in tables never break mid-word. */
+.md-typeset table code { white-space: nowrap; word-break: keep-all; }
+/* Nothing scrolls sideways at desktop widths: the content takes the window's width, table cells and code lines
+   wrap where they must. */
+.md-grid { max-width: 100%; }
+.md-typeset table:not([class]) { font-size: .6rem; }
+.md-typeset table:not([class]) th, .md-typeset table:not([class]) td { padding: .4em .3em; min-width: 0;
+  overflow-wrap: break-word; }
+.md-typeset table:not([class]) th { overflow-wrap: anywhere; }
+.md-typeset pre > code { white-space: pre-wrap; overflow-wrap: anywhere; }
+/* The home page's family x device grid: each cell coloured by its status (sentinel.dashboard.GRID_CLASS). */
+.sentinel-pass, .sentinel-fail, .sentinel-stale, .sentinel-not-run { display: block; padding: .2em .5em;
+  border-radius: .2em; border-left: .3em solid; font-weight: 700; white-space: nowrap; }
+"""
+CSS += "".join(f".sentinel-{name.replace(' ', '-')} {{ background: {fill}; border-color: {stroke}; color: {text}; }}\n"
+               for name, (fill, stroke, text) in COLOURS.items())
+GENERATED = "do not edit"  # the first lines of every generated page (trace documents, benchmark pages) say so
 
 
 def integrity(data: bytes) -> str:
@@ -73,6 +97,14 @@ def mermaid_js(cache_dir: Path) -> Path:
     partial.write_bytes(script)
     partial.replace(target)
     return target
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    """mkdocs hook: a generated page (its opening says ``GENERATED``) hides the table of contents, so that its
+    wide tables have the width of the window."""
+    if GENERATED in markdown[:500]:
+        page.meta.setdefault("hide", ["toc"])
+    return markdown
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:

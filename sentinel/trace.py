@@ -40,6 +40,7 @@ from kernel_sentinel.family import Family, KnownIssue, project_root, rooted
 from kernel_sentinel.records import blob_ids, device_text, git, head_commit, load_record, row_key
 from kernel_sentinel.sanitize import is_triton_route
 from kernel_sentinel import registry
+from kernel_sentinel import report
 
 TRACES_DIR_NAME = "traces"
 RECORDS_DIR_NAME = "verification"
@@ -319,6 +320,8 @@ def describe_path(path: TreePath) -> str:
 
 
 def error_text(check: dict[str, Any]) -> str:
+    if check.get("of_tol") is not None:  # the criterion; records older than it hold abs and rel alone
+        return f" ({report.of_tol_text(check['of_tol'])})"
     values = [f"{name} {check[key]:.2e}" for key, name in (("max_abs", "abs"), ("max_rel", "rel"))
               if check.get(key) is not None]
     return f" ({', '.join(values)})" if values else ""
@@ -560,7 +563,9 @@ def render_index(families: Sequence[Family], overviews: Sequence[TraceDoc]) -> s
              first_paragraph(f.summary)) for f in families)
     statuses = [doc.status([r.id for r in doc.family.routes()], "index.md") for doc in overviews]
     header_row, matrix = dashboard.matrix(statuses)
-    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\nOne row per family and "
+    return (f"# Kernel traces\n\n> {GENERATED_NOTE}\n\n## Status at a glance\n\n{dashboard.headline(statuses)}\n\n"
+            + table(*dashboard.grid(statuses))
+            + "\n\n## Every family and device\n\nOne row per family and "
             f"recorded device, one per GPU model (a device links to every route below): is it green, and is the "
             f"record current (**STALE**: made on other sources than today's, so it no longer vouches for the code; "
             f"the CI gate needs one current GPU record per family, of any GPU model). GPUs: how many GPUs of the "
@@ -603,6 +608,7 @@ def generate(families: Sequence[Family], out: Optional[Path] = None) -> dict[str
             if overview:
                 overviews.append(doc)
     docs["index.md"] = render_index(families, overviews)
+    docs = {path: dashboard.without_roles(text) for path, text in docs.items()}  # docstrings' Sphinx roles
     for family in families:
         for mode in family.failure_modes:
             for target in (mode.read_first, mode.then):

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -148,3 +150,52 @@ def test_overhead_targets_name_a_kernel_bound_miss():
         "fwd missed (host-bound: the host part is 3.2x the trivial op's), fwd+bwd met")
     assert site._targets_met(dict(row, forward_x_trivial=2.0, forward_us=15.0), targets) == "fwd met, fwd+bwd met"
     assert site._targets_met(dict(row, ours=False), targets) == "-"
+
+
+def test_an_incomplete_run_shows_what_is_missing_and_no_numbers(tmp_path):
+    """A run whose budget ran out before every measurement (a plot of it would draw the missing points as 'not
+    run' next to data) shows the missing measurements and the command of a complete run; no plot, median or
+    target of it."""
+    import csv
+
+    results = make_results(tmp_path, site.current_sources("semicrf"))
+    run = results / "semicrf" / "test-gpu"
+    with open(run / "benchmark_full.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[0]["status"], rows[1]["status"] = "skipped: wall-clock budget spent", \
+        "skipped: one call would take ~31.9 s (estimate), 3 s of the budget left"
+    with open(run / "benchmark_full.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    site.write_pages(results, pages=tmp_path / "pages")
+    text = (tmp_path / "pages" / "semicrf.md").read_text()
+    assert '!!! warning "INCOMPLETE"' in text and f"2 of {len(rows)} measurements were not made" in text
+    assert "`python -m benchmarks gpu --out benchmarks/results --families semicrf`" in text
+    assert f"- {rows[0]['config']}: {rows[0]['impl']} ({rows[0]['phase']}" in text
+    assert "![" not in text and "### Medians" not in text and "### Targets" not in text
+    assert not (tmp_path / "pages" / "semicrf").exists()  # no plot copied
+
+
+def test_every_committed_run_names_its_commit_by_id():
+    """A run stamped with anything but a commit id (two were stamped 'ref: refs/heads/main', .git/HEAD's text)
+    shows as such on its page; the committed results hold none."""
+    from benchmarks.common import COMMIT_ID
+
+    assert site.commit_text("180963c32fd368220bf787e99056461ac91187cf") == "`180963c32fd368220bf787e99056461ac91187cf`"
+    assert site.commit_text("ref: refs/heads/main").startswith("**not a commit id**")
+    stamps = [(path, data.get("commit") or data.get("environment", {}).get("commit"))
+              for path in RESULTS.rglob("*.json") if isinstance(data := json.loads(path.read_text()), dict)]
+    stamps = [(path, commit) for path, commit in stamps if commit is not None]
+    assert len(stamps) >= 4
+    assert [(str(p), c) for p, c in stamps if not COMMIT_ID.fullmatch(c)] == []
+
+
+def test_results_are_stamped_with_a_commit_id_or_not_at_all(monkeypatch):
+    from benchmarks.common import current_commit
+
+    monkeypatch.setenv("SENTINEL_COMMIT", "ref: refs/heads/main")
+    with pytest.raises(ValueError, match=r"^SENTINEL_COMMIT must be a commit id .*got 'ref: refs/heads/main'"):
+        current_commit()
+    monkeypatch.setenv("SENTINEL_COMMIT", "180963c32fd368220bf787e99056461ac91187cf")
+    assert current_commit() == "180963c32fd368220bf787e99056461ac91187cf"

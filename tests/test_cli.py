@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -126,7 +127,37 @@ def test_missing_invariant_test_fails(monkeypatch, toy_family, capsys):
     broken = toy_family(invariants=(Invariant("sums", "tests/test_cli.py::test_does_not_exist"),))
     monkeypatch.setattr(registry, "discover", lambda package="provable_kernels": ([broken], []))
     assert verify("--route", "toy.slow") == 1
-    assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "invariant test tests/test_cli.py::test_does_not_exist does not exist" in out
+    assert f"1 routes on {INFO['name']}: 1 passed, 0 failed, 1 problem (FAIL above) in " in out
+
+
+@pytest.mark.parametrize("rows, problems", [((True,), ()), ((True, False), ()), ((True,), ("a", "b")), ((), ("a",))])
+def test_the_summary_counts_every_failure_behind_the_exit_code(rows, problems):
+    """The exit code is 1 exactly when a row failed, no row ran or a problem was found; the summary line then
+    shows a failure count above zero (or no route)."""
+    from kernel_sentinel.records import CheckResult, RouteResult
+    from kernel_sentinel.report import summary_line
+
+    results = [RouteResult(f"toy.r{i}", "toy", (CheckResult("reference", ok, "", ""),)) for i, ok in enumerate(rows)]
+    line = summary_line(results, problems, 1.0, INFO)
+    counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (passed|failed|problems?)\b", line))
+    exit_1 = not results or not all(r.passed for r in results) or bool(problems)
+    shown = counts["failed"] + counts.get("problem", 0) + counts.get("problems", 0) > 0 or line.startswith("0 routes")
+    assert shown == exit_1, line
+    assert counts["passed"] + counts["failed"] == len(rows), line
+
+
+def test_the_table_shows_the_criterion_it_applies(only_toy, tmp_path, capsys):
+    """The reference column is the largest |x - ref| / (atol + rtol * |ref|) ("0.21 of tol"), the bound is shown
+    as atol + rtol·|ref|; the JSON keeps abs, rel, atol and rtol, and of_tol agrees with them within the bound."""
+    assert verify("--route", "toy.slow", "--json", str(tmp_path / "r.json")) == 0
+    out = capsys.readouterr().out
+    check = next(c for c in json.loads((tmp_path / "r.json").read_text())["routes"][0]["checks"]
+                 if c["name"] == "reference")
+    assert {"max_abs", "max_rel", "atol", "rtol", "of_tol"} <= set(check)
+    assert f"{check['of_tol']:.2g} of tol" in out and f"{check['atol']:g} + {check['rtol']:g}·|ref|" in out
+    assert 0 <= check["of_tol"] <= 1 and check["of_tol"] <= check["max_abs"] / check["atol"] + 1e-12
 
 
 def test_fixed_cases_inside_one_declared_block_fail(monkeypatch, toy_family, capsys):

@@ -169,6 +169,23 @@ def test_empty_batch():
 
 
 @pytest.mark.parametrize("use_triton", [True, False])
+def test_per_position_scores_as_cum_scores_blame_cum_scores_first(use_triton):
+    """Per-position scores (B, T, C) passed as cum_scores with lengths = T: lengths reach cum_scores.shape[1] and
+    the first row is not zero. The error names cum_scores and shows the fix before it blames lengths; lengths out
+    of range with a real zero row keep the lengths error."""
+    B, T, K, C = 2, 6, 3, 2
+    scores = torch.randn(B, T, C, dtype=torch.float64)
+    trans, dur = torch.randn(C, C, dtype=torch.float64), torch.randn(K, C, dtype=torch.float64)
+    full = torch.tensor([T, T - 2])
+    with pytest.raises(ValueError, match=r"^cum_scores looks like per-position scores \(B, T, C\).*shape\[1\] = 6; "
+                       r"pass torch\.cat\(\[zeros\(B, 1, C\), scores\.cumsum\(1\)\], 1\)$"):
+        semi_crf_streaming_forward(scores, trans, dur, full, K, use_triton=use_triton)
+    cum = torch.cat([torch.zeros(B, 1, C, dtype=torch.float64), scores.cumsum(1)], 1)
+    with pytest.raises(ValueError, match=r"^lengths must lie in 1\.\.6, got min 4, max 7$"):
+        semi_crf_streaming_forward(cum, trans, dur, torch.tensor([T + 1, T - 2]), K, use_triton=use_triton)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
 def test_cumsum_without_the_zero_row_is_an_error_not_a_number(use_triton):
     """The README's convention is cum_scores[:, 0] = 0; passing scores.cumsum(1) itself (lengths <= T - 1) used to
     give a wrong logZ silently. Host mode: the named error; device mode: NaN (the Triton kernels check each sequence

@@ -291,7 +291,7 @@ def test_json_junit_and_record_formats(tmp_path, monkeypatch, toy_family):
     assert set(loaded) == {"commit", "device", "routes"}
     assert [r["status"] for r in loaded["routes"]] == ["fail", "pass"]
     assert set(loaded["routes"][0]["checks"][1]) == {"name", "status", "max_abs", "max_rel", "atol", "rtol",
-                                                    "detail", "repro", "seconds"}
+                                                    "of_tol", "detail", "repro", "seconds"}
     assert loaded["routes"][0]["checks"][1]["seconds"] >= 0
     report.write_junit(tmp_path / "j.xml", results)
     cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")

@@ -6,7 +6,8 @@ Conventions (one, everywhere):
   columns.
 - Exactly one index form: CSR ``offsets`` (S+1,) int32 / int64 with ``offsets[0] = 0``, ``offsets[-1] = N``,
   non-decreasing; or sorted ``ids`` (N,) int32 / int64 with values in [0, num_segments). Without
-  ``num_segments`` the ids form reads S = ids[-1] + 1 from the device: one extra host sync.
+  ``num_segments`` the ids form reads S = ids[-1] + 1 from the device: one extra host sync, and an error naming
+  ``num_segments`` where no host read is possible (``NUM_SEGMENTS_NEEDED``).
 - Value checks (offsets from 0 to N and non-decreasing; ids in [0, num_segments) and sorted). Host mode (CPU
   tensors, or ``value_checks("sync")``): one batch of device reductions (:class:`provable_kernels.validate.DataChecks`)
   and one host read; a failed check raises the named ``ValueError`` before any work. Device mode (CUDA tensors by
@@ -36,6 +37,10 @@ X_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT32 = torch.finfo(torch.float32)  # empty reaches the kernels as two float32 halves (launch.float_halves)
 INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
+# Under torch.compile(fullgraph=True) Dynamo reports this as "Unsupported: Observed exception", caused by (printed
+# first, at the top of the traceback) "ObservedValueErrorError: raised exception ValueError('<this message>')"
+NUM_SEGMENTS_NEEDED = ("num_segments must be given with ids under torch.compile, CUDA-graph capture or fake tensors "
+                       "(S = ids[-1] + 1 cannot be read from the device there): pass num_segments=S")
 
 
 def runs_triton(use_triton: bool, device: torch.device, rows: int, num_segments: int) -> bool:
@@ -137,8 +142,7 @@ def check(op, x, reduce, offsets, ids, num_segments, empty, use_triton, grad_out
         if num_segments is None:
             no_host = N and not validate.host_reads_allowed(ids, at_sync_point=True)
             if no_host:  # verify: unreached (only under torch.compile, CUDA-graph capture, fake tensors)
-                raise ValueError("num_segments must be given with ids here (S cannot be read from the device "
-                                 "under torch.compile, CUDA-graph capture or fake tensors)")
+                raise ValueError(NUM_SEGMENTS_NEEDED)
             S = int(ids[-1]) + 1 if N else 0  # the documented host sync of the ids form without num_segments
         else:
             S = _count("num_segments", num_segments)

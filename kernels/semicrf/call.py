@@ -2,12 +2,13 @@
 
 Conventions (the site page "Semi-CRF conventions", ``traces/guide/semicrf-conventions.md``):
 
-- ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only
-  differences enter a score). A nonzero first row is rejected like a NaN (a named ``ValueError`` in host mode,
-  NaN results in device mode): it is what ``scores.cumsum(1)`` without the zero row gives, one position off. Every float tensor may be float16, bfloat16, float32 or float64, each its own, on
-  the device of ``cum_scores``: they are computed in the *compute dtype*, float64 when any is float64, else
-  float32 (the casts are differentiable, so gradients come back in each input's dtype; outputs are in the compute
-  dtype).
+- ``cum_scores`` (B, T+1, C), ``cum_scores[:, 0] = 0``: prefix sums of per-position label scores (only differences
+  enter a score). A nonzero first row is rejected like a NaN (a named ``ValueError`` in host mode, NaN results in
+  device mode): it is what ``scores.cumsum(1)`` without the zero row gives, one position off; with ``lengths``
+  reaching ``cum_scores.shape[1]`` as well (per-position scores (B, T, C) passed as ``cum_scores``) the error says so
+  first. Every float tensor may be float16, bfloat16, float32 or float64, each its own, on the device of
+  ``cum_scores``: they are computed in the *compute dtype*, float64 when any is float64, else float32 (the casts are
+  differentiable, so gradients come back in each input's dtype; outputs are in the compute dtype).
 - ``transition`` (C, C) or duration-dependent (K, C, C), oriented ``transition[src, dst]``.
 - ``duration_bias`` (K, C): row ``d-1`` for duration ``d``; durations are 1..K, **K inclusive**.
 - ``proj_start``, ``proj_end`` (B, T, C), each optional: scores for a segment starting / ending at a position.
@@ -141,6 +142,7 @@ def bind_scores(meta: tuple, cum_scores, transition, duration_bias, lengths, pro
     for name, (x, allow_neg_inf) in zip(SCORE_NAMES, floats):
         if x is not None:
             checks.finite(name, x, allow_neg_inf=allow_neg_inf)
+    checks.expect(_zero_row(cum_scores) | (lengths != T1).all(), lambda: PER_POSITION.format(T1=T1))
     lengths = checks.in_range("lengths", lengths, 1, T1 - 1)
     checks.expect(_zero_row(cum_scores), lambda: "cum_scores[:, 0] must be 0 (prefix sums start with a zero row: "
                   "torch.cat([zeros(B, 1, C), scores.cumsum(1)], 1)), got a nonzero entry")
@@ -148,6 +150,11 @@ def bind_scores(meta: tuple, cum_scores, transition, duration_bias, lengths, pro
     if fused_failed and ok is None:  # verify: unreached (only a wrong fused kernel gets here)
         raise RuntimeError("internal error: the fused value check failed where every per-argument check passed")
     return Scores(cum_scores, transition, duration_bias, lengths, K, proj_start, proj_end, ok=ok)
+
+
+PER_POSITION = ("cum_scores looks like per-position scores (B, T, C), not their prefix sums (B, T+1, C): its first "
+                "row is not zero and lengths reach cum_scores.shape[1] = {T1}; pass "
+                "torch.cat([zeros(B, 1, C), scores.cumsum(1)], 1)")
 
 
 def _zero_row(cum_scores: torch.Tensor) -> torch.Tensor:
