@@ -23,6 +23,7 @@ COMMANDS = {  # command: (module, one-line help)
     "gate": ("kernel_sentinel.gate", "CI gate: CPU verification, trace drift, current GPU records"),
     "mutate": ("kernel_sentinel.mutate", "plant bugs in kernel sources and measure how many verify catches"),
     "new": ("kernel_sentinel.new", "scaffold a working kernel family"),
+    "site": ("kernel_sentinel.site_command", "build (or serve) the trace site of the current repository"),
 }
 
 

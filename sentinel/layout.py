@@ -18,16 +18,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 IMPORT_NAMES = {"kernels": "provable_kernels", "sentinel": "kernel_sentinel"}  # folder -> import name
 GIT = ["git", "-c", "user.name=import view", "-c", "user.email=view@example.invalid", "-c", "commit.gpgsign=false"]
 
 
-def import_root(repo: Path, into: Path) -> Path:
-    """Make ``into`` a directory of symlinks ``<import name> -> repo/<folder>`` and return it: put it on
-    ``PYTHONPATH`` (or ``sys.path``) to import ``repo``'s code under the installed names."""
+def import_root(repo: Path, into: Path, folders: Mapping[str, str] = IMPORT_NAMES) -> Path:
+    """Make ``into`` a directory of symlinks ``<import name> -> repo/<folder>``, one for each of ``folders``
+    (``{folder relative to repo: import name}``, default this repository's :data:`IMPORT_NAMES`), and return it: put
+    it on ``PYTHONPATH`` (or ``sys.path``) to import ``repo``'s code under those names."""
     into.mkdir(parents=True, exist_ok=True)
-    for folder, name in IMPORT_NAMES.items():
+    for folder, name in folders.items():
         link = into / name
         if link.is_symlink() or link.exists():
             link.unlink()

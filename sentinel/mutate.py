@@ -12,14 +12,18 @@ literals, f-strings, annotations and decorators are never touched). The operator
   ``logsumexp`` -> ``amax``;
 - ``sign``: ``-x`` becomes ``x``; ``a + b`` <-> ``a - b``.
 
-Every mutant runs in a scratch copy of the repository (``kernels/`` and ``sentinel/`` copied to a temporary
-directory and imported from there through :func:`kernel_sentinel.layout.import_root`; the working tree is never
-written), in a fresh worker process (a fork of a server that has imported torch and Triton once) that verifies
-like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of the family: the small
-cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops at the first failing
-check: the mutant is then *killed*. The cheap checks that most mutants fail (:data:`FIRST_PASS`: route, reference,
-exact, memory, written) run on every route first, then the other checks. A mutant that makes the process crash or
-run past its time limit (one kernel launch's, each route's, or the worker's) is killed too (reported as such).
+Every mutant runs in a scratch copy of the family's repository (the top-level packages of :func:`scratch_packages`
+copied to a temporary directory at their paths relative to the repository, so that a mutant's file names its copy,
+and imported from there through :func:`kernel_sentinel.layout.import_root`: for this repository's families
+``kernels/`` and ``sentinel/``, for a family in another repository its own package, found through
+``SENTINEL_FAMILY_PATH`` pointing into the copy, with the kernel library and sentinel imported as installed; the
+working tree is never written), in a fresh worker process (a fork of a server that has imported torch and Triton
+once) that verifies like ``sentinel verify --examples 2`` (every check at the default case sizes, every dtype of
+the family: the small cases reach the code paths the tiny ones miss, e.g. several checkpoint intervals) and stops
+at the first failing check: the mutant is then *killed*. The cheap checks that most mutants fail
+(:data:`FIRST_PASS`: route, reference, exact, memory, written) run on every route first, then the other checks. A
+mutant that makes the process crash or run past its time limit (one kernel launch's, each route's, or the
+worker's) is killed too (reported as such).
 
 Only the routes that execute the mutated line run it: a first unmutated run records, with ``coverage``, which routes
 reach which lines (it must pass; else the verifier is broken and nothing is measured; with ``--jobs J`` the routes
@@ -45,8 +49,9 @@ has ended: it rewrites each family's record, its survivors that the list names s
 (nothing runs; the sampled files must be those of the record's commit).
 
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
-everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` for the site. Exit codes: 0; 1 when
-the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails; 2 on usage errors.
+everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` of the family's repository for the
+site. Exit codes: 0; 1 when the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails;
+2 on usage errors.
 """
 from __future__ import annotations
 
@@ -70,11 +75,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy
 
 from kernel_sentinel import console
+from kernel_sentinel.layout import IMPORT_NAMES, import_root
 
 DEFAULT_FILES = ("triton_*.py", "torch_ops.py")  # a family's backend sources (file names in its package)
 EQUIVALENTS = "equivalent_mutants.json"
@@ -92,6 +98,9 @@ BASELINE_LIMIT = 4 * 3600.0  # seconds for the unmutated run (a guard against ha
 # the ones most mutants fail (a wrong value, an access outside an argument, an output left unwritten)
 FIRST_PASS = ("route", "reference", "exact", "memory", "written")
 ALL_ROUTES = "*"  # coverage context of import-time (module-level) lines
+IMPORT_DIR = "_import"  # a scratch copy's import root (its links name the packages copied there)
+SCRATCH_VARIABLE = "SENTINEL_SCRATCH"  # a worker's scratch copy (Scratch.env)
+VERIFIER = IMPORT_NAMES["sentinel"]  # copied with this repository's families, never measured
 
 FLIPPED_COMPARISONS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
                        ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
@@ -335,24 +344,48 @@ class Outcome:
         return self.status in ("killed", "crashed", "timeout")
 
 
+def scratch_packages(family: Any) -> dict[str, str]:
+    """``{folder relative to the family's root: import name}``: the top-level packages a scratch copy for ``family``
+    holds, those of the family's package, the kernel library (``provable_kernels``) and the verifier
+    (``kernel_sentinel``) that lie in the family's repository (for this repository's own families, its ``kernels/``
+    and ``sentinel/``: :data:`~kernel_sentinel.layout.IMPORT_NAMES`). The others are imported as installed: a mutant
+    changes only files in the family's repository, and an installed package is no working tree."""
+    import importlib
+
+    root = family.root.resolve()
+    found = {}
+    for name in dict.fromkeys((family.package.__name__.partition(".")[0], "provable_kernels", "kernel_sentinel")):
+        folder = Path(next(iter(importlib.import_module(name).__path__))).resolve()
+        if folder.is_relative_to(root):
+            found[folder.relative_to(root).as_posix()] = name
+    return found
+
+
 class Scratch:
-    """A scratch copy of the repository's ``kernels/`` and ``sentinel/`` with an import root over it, and a fork
-    server (``python -m kernel_sentinel.mutate serve``) that runs each worker in a fresh fork of a process that
-    has imported torch, Triton and hypothesis once (never the kernel library or sentinel, which each fork imports
-    from the scratch copy as it is at that moment)."""
+    """A scratch copy of top-level packages of a repository (``packages``: ``{folder relative to repo: import
+    name}``, default this repository's ``kernels/`` and ``sentinel/``; :func:`scratch_packages` for a family), each
+    at its path relative to the repository (so a mutant's repo-relative file names its copy), with an import root
+    over them, and a fork server (``python -m kernel_sentinel.mutate serve``) that runs each worker in a fresh fork
+    of a process that has imported torch, Triton and hypothesis once (never the copied packages, which each fork
+    imports from the scratch copy as it is at that moment). A family package outside the kernel library is found
+    there through ``SENTINEL_FAMILY_PATH``, which names the copy's directories only."""
 
-    def __init__(self, repo: Path):
-        from kernel_sentinel.layout import IMPORT_NAMES, import_root
-
+    def __init__(self, repo: Path, packages: Mapping[str, str] = IMPORT_NAMES):
         self.dir = Path(tempfile.mkdtemp(prefix="sentinel-mutate-"))
-        for folder in IMPORT_NAMES:
+        for folder in packages:
             shutil.copytree(repo / folder, self.dir / folder, ignore=shutil.ignore_patterns("__pycache__"))
-        self.root = import_root(self.dir, self.dir / "_import")
+        self.root = import_root(self.dir, self.dir / IMPORT_DIR, packages)
+        self.family_path = [str((self.dir / folder).parent) for folder, name in packages.items()
+                            if name not in IMPORT_NAMES.values()]
         self._server: Optional[subprocess.Popen] = None
 
     def env(self) -> dict[str, str]:
+        from kernel_sentinel.registry import FAMILY_PATH_VARIABLE
+
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
+        env[FAMILY_PATH_VARIABLE] = os.pathsep.join(self.family_path)
+        env[SCRATCH_VARIABLE] = str(self.dir)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TRITON_INTERPRET"] = "1"
         return env
@@ -664,24 +697,49 @@ def run_mutants(scratches: Sequence[Scratch], family: str, work: Sequence[tuple[
 
 
 def start_in_scratch(coverage_path: Optional[Path]) -> Optional[tuple[Path, Any]]:
-    """For a worker process: the root of the scratch copy that ``provable_kernels`` imports from and, with
-    ``coverage_path``, a started coverage measurement of its kernel sources (context :data:`ALL_ROUTES`); None, after
-    saying so, when ``provable_kernels`` is not a scratch copy's (a worker never runs against the working tree)."""
-    import provable_kernels
-
-    here = Path(provable_kernels.__file__).resolve().parent.parent
-    if not (here / "_import").is_dir():
-        print(f"refusing to run outside a scratch copy: provable_kernels is {here}")
+    """For a worker process: the scratch copy it runs in (``SENTINEL_SCRATCH``, set by :meth:`Scratch.env`) and,
+    with ``coverage_path``, a started coverage measurement of the packages copied there but the verifier (context
+    :data:`ALL_ROUTES`); None, after saying so, when the variable names no scratch copy."""
+    value = os.environ.get(SCRATCH_VARIABLE)
+    here = Path(value).resolve() if value else None
+    if here is None or not (here / IMPORT_DIR).is_dir():
+        print(f"refusing to run outside a scratch copy: {SCRATCH_VARIABLE} is {value!r}")
         return None
     cov = None
     if coverage_path:
         import coverage
 
-        cov = coverage.Coverage(data_file=None, include=[str(here / "kernels" / "*"),
-                                                         str(here / "_import" / "provable_kernels" / "*")])
+        measured = {name: folder for name, folder in copied_packages(here).items() if name != VERIFIER}
+        cov = coverage.Coverage(data_file=None, include=[str(p / "*") for name, folder in measured.items()
+                                                         for p in (folder, here / IMPORT_DIR / name)])
         cov.start()
         cov.switch_context(ALL_ROUTES)
     return here, cov
+
+
+def copied_packages(here: Path) -> dict[str, Path]:
+    """``{import name: folder}`` of the packages the scratch copy ``here`` holds (the links of its import root)."""
+    return {link.name: link.resolve() for link in sorted((here / IMPORT_DIR).iterdir())}
+
+
+def scratch_family(name: str, here: Path) -> Any:
+    """For a worker process in the scratch copy ``here``: the family ``name``, each of its source modules imported
+    (their import-time lines count for every route); None, after saying so, when its package is not the copy's (a
+    worker never runs against a working tree)."""
+    from kernel_sentinel import registry
+
+    (family,) = registry.select([name])
+    package = Path(family.package.__file__).resolve().parent
+    if not package.is_relative_to(here):
+        print(f"refusing to run outside a scratch copy: {family.package.__name__} is {package}")
+        return None
+    folders = {folder: module for module, folder in copied_packages(here).items()}
+    for file in family.source_files():
+        path = (family.root / file).resolve()
+        folder = next((f for f in folders if path.is_relative_to(f)), None)
+        if path.suffix == ".py" and path.name != "__init__.py" and folder is not None:
+            __import__(".".join((folders[folder], *path.relative_to(folder).with_suffix("").parts)))
+    return family
 
 
 class _RouteTimeout(BaseException):
@@ -763,15 +821,17 @@ def worker(argv: Sequence[str]) -> int:
     here, cov = started
     import torch
 
-    from kernel_sentinel import interpreter, registry
+    from kernel_sentinel import interpreter
     from kernel_sentinel.rows import CHECK_FUNCTIONS, QUICK_EXAMPLES, Options, RouteRun
 
     interpreter.install()  # as sentinel verify runs it (kernel_sentinel.device.prepare)
+    # one thread: the workers share the CPUs, and a check's forked child (observed) must find no OpenMP team
+    # (libgomp's children wait for the parent's threads forever)
+    torch.set_num_threads(1)
 
-    (family,) = registry.select([args.family])
-    for module in family.source_files():  # import-time lines count for every route
-        if module.suffix == ".py" and module.parts[0] == "kernels" and module.name != "__init__.py":
-            __import__(".".join(("provable_kernels", *module.parts[1:-1], module.stem)))
+    family = scratch_family(args.family, here)
+    if family is None:
+        return 2
     options = Options(device=torch.device("cpu"), seed=args.seed, examples=QUICK_EXAMPLES)
     if args.check:
         options = dataclasses.replace(options, checks=tuple(args.check))
@@ -944,9 +1004,10 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     kept = [m for m in candidates if listed_reason(equivalents, m) is None]
     sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
                     key=lambda m: (m.file, m.start))
-    made = [Scratch(repo) for _ in range(args.jobs)]
-    try:
-        verifier = sorted(p.relative_to(repo) for p in (repo / "sentinel").glob("*.py"))
+    made = [Scratch(repo, scratch_packages(family)) for _ in range(args.jobs)]
+    try:  # the verifier the workers run: its copy's files by repo-relative path, an installed one's by its own
+        verifier = sorted(p.relative_to(repo) if p.is_relative_to(repo) else p
+                          for p in Path(__file__).resolve().parent.glob("*.py"))
         store = Kept(args.keep, {"family": family.name, "sources": records.blob_ids(family.source_files()),
                                  "verifier": records.blob_ids(verifier), "routes": routes, "seed": args.seed,
                                  "versions": {**records.versions(), "numpy": numpy.__version__}})
@@ -1085,10 +1146,10 @@ def run(args: argparse.Namespace) -> int:
         return rescore_records(families)
     summaries, failed = [], False
     for family in families:
-        with rooted(family.root):
-            commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end
         try:
-            summary = mutate_family(family, args, family.root)
+            with rooted(family.root):  # its records, sources and commit are those of its own repository
+                commit = records.head_commit()  # the sources the scratch copies are made of, not those at the end
+                summary = mutate_family(family, args, family.root)
         except RuntimeError as exc:
             console.err.print(f"[bold red]{family.name}:[/] {exc}", highlight=False)
             failed = True

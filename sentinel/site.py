@@ -1,5 +1,5 @@
-"""The trace site's offline assets: an mkdocs hook (``hooks:`` in mkdocs.yml) that serves Mermaid and the site's
-stylesheet from the site.
+"""The trace site's offline assets: an mkdocs hook (``hooks:`` in ``site.yml``, sentinel's default configuration of
+a trace site, and in mkdocs.yml) that serves Mermaid and the site's stylesheet from the site.
 
 mkdocs-material renders ``pre.mermaid`` blocks itself and loads ``mermaid.min.js`` from a CDN unless
 ``window.mermaid`` already exists when the first diagram is mounted. The hook adds three files to every build
@@ -7,7 +7,7 @@ mkdocs-material renders ``pre.mermaid`` blocks itself and loads ``mermaid.min.js
 material mounts any diagram:
 
 - ``assets/javascripts/mermaid.min.js`` from the npm package ``mermaid@MERMAID_VERSION`` (``npm pack``, checked
-  against the pinned integrity, cached in ``build/mermaid-<version>/``, never committed);
+  against the pinned integrity, cached for every repository in ``mermaid-<version>/`` of :func:`cache_root`);
 - ``assets/javascripts/mermaid-init.js``, which turns off Mermaid's own render-on-load pass so that material alone
   renders the diagrams (with its theme colours, light and dark);
 - ``assets/stylesheets/sentinel.css`` (``extra_css``): code in tables, route ids above all, never breaks mid-word;
@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -67,6 +68,11 @@ def integrity(data: bytes) -> str:
     return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
 
 
+def cache_root() -> Path:
+    """Where downloads are kept between builds: ``kernel-sentinel`` in ``$XDG_CACHE_HOME`` (default ``~/.cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernel-sentinel"
+
+
 def mermaid_js(cache_dir: Path) -> Path:
     """Path of ``mermaid.min.js`` of the pinned release, fetched with ``npm pack`` into ``cache_dir`` once."""
     target = cache_dir / f"mermaid-{MERMAID_VERSION}" / "mermaid.min.js"
@@ -103,8 +109,7 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """mkdocs hook: add the pinned Mermaid, its init script and the stylesheet to the site."""
-    cache_dir = Path(config.config_file_path).resolve().parent / "build"
-    files.append(File.generated(config, MERMAID_URI, abs_src_path=str(mermaid_js(cache_dir))))
+    files.append(File.generated(config, MERMAID_URI, abs_src_path=str(mermaid_js(cache_root()))))
     files.append(File.generated(config, INIT_URI, content=INIT_JS))
     files.append(File.generated(config, CSS_URI, content=CSS))
     return files

@@ -259,7 +259,7 @@ def test_a_record_made_in_parts_joins_rows_of_the_same_sources(only_toy, toy_fam
     assert rows() == [("toy.slow", "pass")]
 
 
-@pytest.mark.parametrize("command", ["verify", "routes", "trace", "gate", "mutate"])
+@pytest.mark.parametrize("command", ["verify", "routes", "trace", "gate", "mutate", "site"])
 def test_help_is_plain_terminal_text(command, capsys):
     """--help shows the docstrings' words without their reStructuredText / Markdown markup."""
     with pytest.raises(SystemExit) as exc:

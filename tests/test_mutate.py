@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sentinel import mutate, registry
+from kernel_sentinel import layout, mutate, registry
 from kernel_sentinel.family import REPO_ROOT
 
 SOURCE = '''"""Module docstring: a < b, x - 1, max(a, b)."""
@@ -409,6 +409,23 @@ def test_a_route_past_its_cpu_deadline_stops_the_block():
                 while True:
                     sum(range(1000))
     assert signal.getitimer(signal.ITIMER_PROF) == signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
+
+
+def test_a_scratch_copy_for_this_repository_families_holds_kernels_and_sentinel():
+    assert mutate.scratch_packages(registry.family("sinkhorn")) == layout.IMPORT_NAMES
+
+
+def test_a_worker_refuses_to_run_outside_a_scratch_copy(tmp_path, monkeypatch, capsys):
+    """Without a scratch copy named, or with the family's package imported from the working tree, nothing runs."""
+    monkeypatch.delenv(mutate.SCRATCH_VARIABLE, raising=False)
+    assert mutate.start_in_scratch(None) is None
+    assert "refusing to run outside a scratch copy" in capsys.readouterr().out
+    (tmp_path / mutate.IMPORT_DIR).mkdir()
+    monkeypatch.setenv(mutate.SCRATCH_VARIABLE, str(tmp_path))
+    here, cov = mutate.start_in_scratch(None)
+    assert (here, cov) == (tmp_path.resolve(), None)
+    assert mutate.scratch_family("sinkhorn", here) is None
+    assert f"provable_kernels.sinkhorn is {REPO_ROOT / 'kernels' / 'sinkhorn'}" in capsys.readouterr().out
 
 
 FAMILIES = [f.name for f in registry.families()]
