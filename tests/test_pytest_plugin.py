@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ from kernel_sentinel.rows import CHECKS
 from test_layout_plugin_family import FAMILY, GIT, PLUGIN
 
 REPO = Path(__file__).resolve().parents[1]
+# the installed package registers the plug-in through its pytest11 entry point; a checkout imported without
+# installing (no entry point) names it
+INSTALLED = any(ep.value == "kernel_sentinel.pytest_plugin" for ep in entry_points(group="pytest11"))
+LOAD_PLUGIN = () if INSTALLED else ("-p", "kernel_sentinel.pytest_plugin")
 # the planted bug: the training route adds 1e-3 to every row sum
 BUGGY = FAMILY.replace("plugfam", "plugbug").replace(
     'Route("plugbug.train", row_sum)', 'Route("plugbug.train", lambda x: row_sum(x) + 1e-3)')
@@ -46,8 +51,7 @@ def sentinel_statuses(repo: Path, env: dict, family: str) -> tuple[int, dict]:
 
 def pytest_statuses(repo: Path, env: dict, family: str, *more: str) -> tuple[int, dict]:
     junit = repo.parent / f"{family}.xml"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "kernel_sentinel.pytest_plugin", "-p",
-                           "no:cacheprovider", "--sentinel", "--sentinel-family", family, "--sentinel-quick",
+    done = subprocess.run([sys.executable, "-m", "pytest", *LOAD_PLUGIN, "-p", "no:cacheprovider", "--sentinel", "--sentinel-family", family, "--sentinel-quick",
                            "--sentinel-dtype", "float32", "--junitxml", str(junit), "-q", *more, "tests"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     statuses = {}
@@ -83,3 +87,10 @@ def test_pytest_xdist_runs_the_items_in_workers(kernel_repo):
     code, tested = pytest_statuses(repo, env, "plugbug", "-n", "2", "--dist", "loadgroup", "-k", "reference")
     assert code == 1
     assert tested == {"plugbug.infer:float32:reference": "pass", "plugbug.train:float32:reference": "fail"}
+
+
+def test_the_plugin_is_registered_by_its_entry_point():
+    """Installing kernel-sentinel registers the plug-in with pytest (entry point group ``pytest11``), so a kernel
+    repository's ``pytest --sentinel`` needs no ``-p``."""
+    text = (REPO / "pyproject.toml").read_text()
+    assert '[project.entry-points.pytest11]\nsentinel = "kernel_sentinel.pytest_plugin"\n' in text
