@@ -1,7 +1,7 @@
 """``sentinel verify``: run every route of every family, prove the route taken, cross-check, report.
 
 For each route (a leaf of the family's dispatch tree) and each input dtype the family declares (``--dtype``
-selects some), sixteen checks run (:mod:`kernel_sentinel.rows`) and are reported separately, one row per route
+selects some), seventeen checks run (:mod:`kernel_sentinel.rows`) and are reported separately, one row per route
 and dtype: ``route``, ``reference``, ``exact``, ``properties``, ``guards``, ``bad_input``, the generic ``inputs``,
 ``aliasing``, ``written``, ``determinism`` and ``layouts`` (:mod:`kernel_sentinel.generic`), ``observed``,
 ``batch``, ``memory`` (CPU only), ``opcheck`` and ``devices`` (two GPUs or more; else not applicable). What each
