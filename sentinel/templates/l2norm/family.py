@@ -1,6 +1,5 @@
-"""Registration of the l2norm family for verification: data and plain functions that
-``kernel_sentinel.registration`` reads (the schema of every name is that module's docstring). It imports nothing
-of sentinel.
+"""Registration of the l2norm family for verification: data and plain functions that sentinel reads (every
+name's schema: the guide page "The registration schema"). It imports nothing of sentinel.
 
 Outputs of a route, by name: ``value`` (shaped like ``x``) and ``grad_x`` (weights ``Case.upstream["value"]``).
 """
@@ -60,6 +59,7 @@ STANDARD_BAD_INPUTS = dict(tensors=("x",), rejects_nan=("x",), rejects_inf=("x",
 BAD_INPUTS = (("x", "0-D", lambda c: c.kwargs["x"].sum()),
               ("x", "no columns", lambda c: c.kwargs["x"][..., :0]))
 BATCH_ITEMS = (("a row", "l2norm.*", {"x": 0, "value": 0, "grad_x": 0}),)
+BLOCKS = (("l2norm.triton.*", "x", -1, MAX_BLOCK),)  # the small case's rows cross a block edge
 INVARIANTS = {"l2norm/test_l2norm.py": ("test_routes_equal_the_formula",)}
 GUARDS = (("Arguments are validated before dispatch: dtype, rank, cols >= 1; NaN or +inf in x raise ValueError "
            "naming x on the CPU.", check),
