@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
@@ -136,3 +136,35 @@ def non_finite(outputs: Mapping[str, torch.Tensor], allow_inf: tuple[str, ...] =
         elif name not in allow_inf and bool(torch.isinf(value).any()):
             bad.append(f"{name} has inf")
     return bad
+
+
+def kernel_name(kernel: Any) -> str:
+    """The name of a ``@triton.jit`` function (interpreted or compiled: both wrap the Python function as ``fn``)."""
+    return getattr(kernel, "fn", kernel).__name__
+
+
+@contextlib.contextmanager
+def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
+    """Record the name of every kernel launched inside the block, one entry per launch in launch order; launches
+    of the kernel named ``removed`` do nothing (its outputs stay as allocated)."""
+    if removed is not None and not isinstance(removed, str):
+        raise TypeError(f"removed must be a kernel name (str) or None, got {type(removed).__name__}")
+    from provable_kernels.launch import Bound, Launcher  # here: it imports Triton, after the interpreter switch
+
+    original, bound_call = Launcher.launch, Bound.__call__
+    launched: list[str] = []
+
+    def launch(self: Any, grid: tuple, args: tuple, opts: Any) -> None:
+        name = kernel_name(self.kernel)
+        launched.append(name)
+        if name != removed:
+            original(self, grid, args, opts)
+
+    def bound_launch(self: Any, *tensors: Any) -> None:  # a prepared launch: on a GPU it bypasses Launcher.launch
+        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)  # through any wrapper set inside the block
+
+    Launcher.launch, Bound.__call__ = launch, bound_launch
+    try:
+        yield launched
+    finally:
+        Launcher.launch, Bound.__call__ = original, bound_call

@@ -292,9 +292,10 @@ def _spans(lines: Sequence[int], measured: Sequence[int], function_of: Mapping[i
 
 
 def file_coverage(path: Path, families: Sequence[str], judged: bool, statements: Sequence[int],
-                  executed: set[int]) -> FileCoverage:
-    """The coverage of ``path`` (repo-relative or absolute) from coverage.py's statements and executed lines."""
-    source = analyse(_absolute(path).read_text(), statements)
+                  executed: set[int], where: Optional[Path] = None) -> FileCoverage:
+    """The coverage of ``path`` (repo-relative or absolute; the file at ``where`` when given) from coverage.py's
+    statements and executed lines."""
+    source = analyse((where or _absolute(path)).read_text(), statements)
     reached = [s for s in source.measured if s in executed]
     missing = [s for s in source.measured if s not in executed]
     declared, stale = [], []
@@ -342,7 +343,8 @@ def report(families: Sequence[Family], every: Sequence[Family], measurement: Mea
     for path in sorted({p for f in families for p in kernel_sources(f)}):
         owners = users[path]
         judged = all(f.name in verified and complete(f) for f in owners)
-        files.append(file_coverage(path, [f.name for f in owners], judged, *measurement.lines(path)))
+        where = _absolute(path, owners[0].root)  # sources are named relative to their family's repository
+        files.append(file_coverage(path, [f.name for f in owners], judged, *measurement.lines(where), where))
     return CoverageReport(tuple(files))
 
 

@@ -39,7 +39,7 @@ import torch
 from provable_kernels.validate import value_checks
 from kernel_sentinel.family import Case
 from kernel_sentinel.generic import Probe, Verdict, differences, error_text, fresh_case
-from kernel_sentinel.observed import kernel_name
+from kernel_sentinel.checks import kernel_name
 from kernel_sentinel.records import NOT_APPLICABLE
 
 

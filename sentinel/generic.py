@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from provable_kernels import alloc
-from kernel_sentinel.checks import Measurement, compare_outputs, run_route
+from kernel_sentinel.checks import Measurement, compare_outputs, kernel_launches, run_route
 from kernel_sentinel.family import Case, Family, LayoutRejection, Outputs, Tolerance, matches
 
 
@@ -216,8 +216,6 @@ class Probe:
     def baseline(self) -> tuple[Case, dict[str, torch.Tensor], Outputs]:
         """A fresh copy of the case, a snapshot of its tensors taken before the run, and its outputs (run once)."""
         if self._baseline is None:
-            from kernel_sentinel.observed import kernel_launches  # here: observed imports this module
-
             case = fresh_case(self.case)
             before = _snapshot(case)
             with kernel_launches() as launched:

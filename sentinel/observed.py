@@ -23,7 +23,6 @@ kernel is removed as a whole (all its launches), not launch by launch. A route t
 """
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import functools
 import multiprocessing
@@ -31,48 +30,16 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from provable_kernels import alloc
-from kernel_sentinel.checks import compare_outputs, run_route
+from kernel_sentinel.checks import compare_outputs, kernel_launches, run_route
 from kernel_sentinel.family import Case, Family, Tolerance
 from kernel_sentinel.generic import Verdict, fresh_case
 
 TIME_LIMIT = 300.0  # seconds a kernel-less run may take
-
-
-def kernel_name(kernel: Any) -> str:
-    """The name of a ``@triton.jit`` function (interpreted or compiled: both wrap the Python function as ``fn``)."""
-    return getattr(kernel, "fn", kernel).__name__
-
-
-@contextlib.contextmanager
-def kernel_launches(removed: Optional[str] = None) -> Iterator[list[str]]:
-    """Record the name of every kernel launched inside the block, one entry per launch in launch order; launches
-    of the kernel named ``removed`` do nothing (its outputs stay as allocated)."""
-    if removed is not None and not isinstance(removed, str):
-        raise TypeError(f"removed must be a kernel name (str) or None, got {type(removed).__name__}")
-    from provable_kernels.launch import Bound, Launcher  # here: it imports Triton, after the interpreter switch
-
-    original, bound_call = Launcher.launch, Bound.__call__
-    launched: list[str] = []
-
-    def launch(self: Any, grid: tuple, args: tuple, opts: Any) -> None:
-        name = kernel_name(self.kernel)
-        launched.append(name)
-        if name != removed:
-            original(self, grid, args, opts)
-
-    def bound_launch(self: Any, *tensors: Any) -> None:  # a prepared launch: on a GPU it bypasses Launcher.launch
-        self.launcher.launch(self.grid, (*tensors, *self.tail), self.opts)  # through any wrapper set inside the block
-
-    Launcher.launch, Bound.__call__ = launch, bound_launch
-    try:
-        yield launched
-    finally:
-        Launcher.launch, Bound.__call__ = original, bound_call
 
 
 def launched_kernels(family: Family, case: Case) -> list[str]:

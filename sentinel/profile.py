@@ -30,7 +30,7 @@ _counts: Counts = {}  # this process's counts since the last take()
 @contextlib.contextmanager
 def counting(key: Key) -> Iterator[None]:
     """Count the Triton launches made inside the block and its CPU time (this process) under ``key``."""
-    from kernel_sentinel.observed import kernel_launches
+    from kernel_sentinel.checks import kernel_launches
 
     start = time.process_time()
     with kernel_launches() as launched:

@@ -118,7 +118,7 @@ def print_results(results: Sequence[RouteResult], problems: Sequence[str], elaps
         out.print(f"[bold red]FAIL[/] {escape(problem)}", soft_wrap=True)
     if not results:
         out.print("[bold red]no route ran[/]")
-    out.print(summary_line(results, problems, elapsed, device), highlight=False)
+    out.print(summary_line(results, problems, elapsed, device), highlight=False, soft_wrap=True)  # one line
 
 
 def summary_line(results: Sequence[RouteResult], problems: Sequence[str], elapsed: float,

@@ -480,9 +480,10 @@ def profiled(options: Options, key: profile.Key) -> contextlib.AbstractContextMa
 
 def verify_route(family: Family, route_id: str, options: Options,
                  progress: Callable[[str], None] = lambda check: None,
-                 dtype: Optional[torch.dtype] = None) -> RouteResult:
+                 dtype: Optional[torch.dtype] = None,
+                 finished: Callable[[CheckResult], None] = lambda result: None) -> RouteResult:
     """Every check of one route at ``dtype`` (default: the family's first dtype); an exception inside a check
-    fails that check only."""
+    fails that check only. ``progress(name)`` is called before each check, ``finished(result)`` after it."""
     dtype = family.dtypes[0] if dtype is None else dtype
     run = RouteRun(family, route_id, options, dtype)
     repro = options.repro(family.name, route_id, dtype)
@@ -499,6 +500,7 @@ def verify_route(family: Family, route_id: str, options: Options,
             detail = f"{error_text(exc)} (at {Path(where.filename).name}:{where.lineno})"
             result = CheckResult(name, False, detail, repro)
         checks.append(dataclasses.replace(result, seconds=time.perf_counter() - start))
+        finished(checks[-1])
     return RouteResult(route_id, family.name, tuple(checks), dtype_name(dtype))
 
 

@@ -63,6 +63,7 @@ _options: Optional[Options] = None  # in a worker process: the parent's options
 _gpu: Gpu = None  # in a worker process: its GPU
 _measured: Any = None  # in a worker process of ``verify --coverage``: its kernel_sentinel.coverage.Measurement
 _marks: Optional[str] = None  # in a pool's worker process: where it marks the unit it runs
+_finished: Callable[[CheckResult], None] = lambda result: None  # in a unit's own process: sends each check's result
 
 
 def usable_cpus() -> int:
@@ -177,7 +178,7 @@ def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> Rout
 
     family, torch_dtype = registry.family(family_name), getattr(torch, dtype)
     if unit == OTHER_CHECKS:
-        return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype)
+        return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype, finished=_finished)
     run = RouteRun(family, route_id, _options, torch_dtype)
     start = time.perf_counter()
     with rows.profiled(_options, (family_name, route_id, dtype, "properties")):
@@ -354,10 +355,13 @@ class _OneGpu:
 
 def _alone_child(conn: Any, log: str, options: Options, gpu: Gpu, threads: int, roots: Any,
                  unit: tuple[str, str, str, int]) -> None:
-    """In a process of its own: its output to ``log``, then the unit, whose result (or error) goes to ``conn``."""
+    """In a process of its own: its output to ``log``, then the unit, whose result (or error) goes to ``conn``, each
+    check's result as it finishes first."""
+    global _finished
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    _finished = lambda result: conn.send(("check", result))  # noqa: E731
     try:
         _start(options, threads, _OneGpu(gpu), roots)
         conn.send(("result", _run_unit(*unit)))
@@ -368,10 +372,13 @@ def _alone_child(conn: Any, log: str, options: Options, gpu: Gpu, threads: int, 
 def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
            roots: Any) -> tuple[RouteResult | Outcome, Gpu, float, Optional[dict[str, list[int]]], profile.Counts]:
     """``unit`` of ``row`` run in a spawned process of its own (after a worker died with it among the unfinished
-    ones): its result, or the unit failed with the process's exit code and the last lines of its output."""
+    ones): its result, or the unit failed with the process's exit code and the last lines of its output. For the
+    row's other checks, the checks that finished before the crash keep their results, the one that crashed fails,
+    and the ones after it run again in a process of their own."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     start = time.perf_counter()
+    finished: list[CheckResult] = []
     with tempfile.TemporaryDirectory(prefix="sentinel-unit-") as tmp:
         log = os.path.join(tmp, "output.txt")
         process = context.Process(target=_alone_child, args=(send, log, options, gpu, threads, roots,
@@ -379,10 +386,16 @@ def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
                                                                unit)))
         process.start()
         send.close()
+        kind, payload = "died", None
         try:
-            kind, payload = receive.recv()
+            while kind == "died":
+                message, value = receive.recv()
+                if message == "check":
+                    finished.append(value)
+                else:
+                    kind, payload = message, value
         except EOFError:  # it died before answering
-            kind, payload = "died", None
+            pass
         process.join()
         tail = _last_lines(log)
     seconds = time.perf_counter() - start
@@ -394,7 +407,18 @@ def _alone(row: "_Row", unit: int, options: Options, gpu: Gpu, threads: int,
         code = process.exitcode
         name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 else ""
         why = f"its worker process died (exit code {code}{name}), the last lines of its output: {tail or '(none)'}"
-    return row.failed(unit, why, options), gpu, seconds, None, {}
+    if unit != OTHER_CHECKS or kind == "error":
+        return row.failed(unit, why, options), gpu, seconds, None, {}
+    order = _other_checks(options).checks
+    crashed = order[len(finished)]
+    repro = options.repro(row.family.name, row.route_id, row.dtype)
+    checks = [*finished, CheckResult(crashed, False, why, repro)]
+    rest = order[len(finished) + 1:]
+    if rest:  # the checks after the one that crashed, in a process of their own
+        value, _, more, _, _ = _alone(row, unit, dataclasses.replace(options, checks=rest), gpu, threads, roots)
+        checks += value.checks
+        seconds += more
+    return RouteResult(row.route_id, row.family.name, tuple(checks), dtype_name(row.dtype)), gpu, seconds, None, {}
 
 
 def _last_lines(path: str, lines: int = 3) -> str:

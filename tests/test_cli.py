@@ -149,9 +149,12 @@ def test_the_summary_counts_every_failure_behind_the_exit_code(rows, problems):
     assert counts["passed"] + counts["failed"] == len(rows), line
 
 
-def test_the_table_shows_the_criterion_it_applies(only_toy, tmp_path, capsys):
+def test_the_table_shows_the_criterion_it_applies(only_toy, tmp_path, capsys, monkeypatch):
     """The reference column is the largest |x - ref| / (atol + rtol * |ref|) ("0.21 of tol"), the bound is shown
     as atol + rtol·|ref|; the JSON keeps abs, rel, atol and rtol, and of_tol agrees with them within the bound."""
+    from kernel_sentinel import console
+
+    monkeypatch.setattr(console.out, "width", 160)  # as a CI log lays it out (a pytest-xdist worker's is narrower)
     assert verify("--route", "toy.slow", "--json", str(tmp_path / "r.json")) == 0
     out = capsys.readouterr().out
     check = next(c for c in json.loads((tmp_path / "r.json").read_text())["routes"][0]["checks"]

@@ -85,7 +85,7 @@ def toy_package(tmp_path, monkeypatch):
         package = importlib.import_module(name)
         module = importlib.import_module(f"{name}.ops")
         family = Family(name=name, package=package, tree=module.TREE, entry_points={}, make_case=None, run=None,
-                        reference=None, tolerances={torch.float32: Tolerance(0, 0)})
+                        reference=None, tolerances={torch.float32: Tolerance(0, 0)}, root=tmp_path)
         return family, module
 
     monkeypatch.syspath_prepend(str(tmp_path))

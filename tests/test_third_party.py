@@ -48,9 +48,11 @@ def test_torch_segment_reduce_ties_and_offsets(tmp_path):
         assert checks["exact"]["status"] == "pass"  # the values are right: only the gradient of ties is wrong
         assert checks["properties"]["status"] == "fail"
         assert "upstream -1" in checks["properties"]["detail"] and "'lengths': (2,)" in checks["properties"]["detail"]
-    for checks in rows.values():
-        assert checks["bad_input"]["status"] == "fail"
-        assert "RuntimeError" in checks["bad_input"]["detail"]
+    details = [checks["bad_input"]["detail"] for checks in rows.values()]
+    assert all(checks["bad_input"]["status"] == "fail" for checks in rows.values())
+    # each route's bad inputs: a RuntimeError that names no argument, or the process killed by the heap corruption
+    # that offsets past the last row leave (where it aborts varies); the crash fails that check alone
+    assert all("RuntimeError" in d or "worker process died (exit code -6 (SIGABRT))" in d for d in details), details
 
 
 def test_liger_mhc_sinkhorn_under_the_interpreter(tmp_path):
