@@ -263,6 +263,17 @@ def semicrf_case(B=2, T=5, K=2, C=2, *, dtype=torch.float64, trans3d=False, proj
 # ------------------------------------------------------------------------------------------- planted bugs
 
 
+@pytest.fixture(scope="module")
+def scratch():
+    """A scratch copy of the repository (:class:`kernel_sentinel.mutate.Scratch`) shared by a test module's planted
+    bugs, each planted and removed in turn."""
+    from kernel_sentinel import mutate
+
+    copy = mutate.Scratch(REPO_ROOT)
+    yield copy
+    copy.remove()
+
+
 def planted_failure(family: str, route: str, check: str, file: str, pattern: str, old: str, new: str) -> str:
     """The last output line of the mutation worker (:mod:`kernel_sentinel.mutate`, on the CPU) running only
     ``check`` on ``route`` in a scratch copy with the bug planted in ``file`` (:func:`kernel_sentinel.mutate.plant`:

@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from provable_kernels import launch
-from kernel_sentinel import memory, mutate, races, registry, rows
-from kernel_sentinel.family import REPO_ROOT
+from kernel_sentinel import memory, races, registry, rows
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs the Triton interpreter (CPU)")
 
@@ -263,13 +262,6 @@ PLANTED = {
         "writes = (sg < S) & _block(tl.program_id(1) == 0, sg)", "writes = (sg < S)",
         ["segment.triton.sum.infer.one_block"]),
 }
-
-
-@pytest.fixture(scope="module")
-def scratch():
-    copy = mutate.Scratch(REPO_ROOT)
-    yield copy
-    copy.remove()
 
 
 def test_the_unmutated_sources_pass_races(scratch):

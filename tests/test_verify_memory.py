@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ import triton
 import triton.language as tl
 
 from provable_kernels import launch
-from kernel_sentinel import memory, mutate
+from kernel_sentinel import memory
 from kernel_sentinel.family import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs the Triton interpreter (CPU)")
@@ -70,7 +69,7 @@ def test_a_masked_read_past_the_end_is_caught_though_other_hides_its_value():
 def test_a_store_past_the_end_is_caught_and_kept_from_memory():
     src = torch.arange(5.0)
     with memory.watching() as watch:
-        dst = copy(src, write_past=1)
+        copy(src, write_past=1)
     (problem,) = watch.problems  # the lane was switched off: the guard after dst holds its canaries
     assert "store of 4 bytes, 1 lanes outside" in problem and "past the end of argument dst_ptr" in problem
 
@@ -179,13 +178,6 @@ PLANTED = {
         "sinkhorn", "kernels/sinkhorn/triton_sinkhorn.py", r"mask=\(b < B\) & \(i < N\) & \(j < N\)\)\n",
         "b < B", "b <= B", ["sinkhorn.triton.prob.train"]),
 }
-
-
-@pytest.fixture(scope="module")
-def scratch():
-    copy = mutate.Scratch(REPO_ROOT)
-    yield copy
-    copy.remove()
 
 
 def test_the_unmutated_sources_pass_memory(scratch):
