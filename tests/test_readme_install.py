@@ -39,10 +39,9 @@ def test_the_readme_says_what_to_do_when_the_cpu_index_cannot_be_reached():
 
 def test_the_readme_says_how_long_verify_and_quick_take_on_a_cpu():
     section = " ".join(quick_start().split())
-    stated = re.search(r"How long it takes on a CPU: `sentinel verify` runs about (\d+) minutes of checks on one "
-                       r"core.*?close to (\d+) minutes on two cores.*?`sentinel verify --quick --dtype float32`.*?"
-                       r"about (\d+) minutes on two cores", section)
+    stated = re.search(r"How long it takes on a CPU \(measured on two cores.*?the whole `sentinel verify`, (\d+) rows, "
+                       r"about (\d+) minutes.*?`sentinel verify --family \w+ --quick` \(under a minute\)", section)
     assert "`--quick`" in section
     assert stated, "the README does not say how long `sentinel verify` and `--quick` take on a CPU"
-    one_core, two_cores, quick = map(int, stated.groups())
-    assert quick < two_cores < one_core
+    rows, minutes = map(int, stated.groups())
+    assert rows > 0 and minutes > 1
