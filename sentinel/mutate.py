@@ -1139,6 +1139,9 @@ def run(args: argparse.Namespace) -> int:
         families = registry.select(args.family)
     except registry.UnknownFamily as exc:
         return console.usage_error(exc.args[0])
+    except RuntimeError as exc:  # a named family whose registration is broken
+        console.err.print(f"[bold red]sentinel mutate:[/] {exc}", highlight=False, soft_wrap=True)
+        return 1
     if args.route and not any(matches(r.id, args.route) for f in families for r in f.routes()):
         return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
     if args.keep is not None and len(families) != 1:

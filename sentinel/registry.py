@@ -30,12 +30,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Optional, Sequence
 
-from kernel_sentinel.family import Family, current_repository, repository_of
+from kernel_sentinel.family import KERNELS_PACKAGE, Family, current_repository, repository_of
 from kernel_sentinel.registration import family_of
 
 FAMILY_PATH_VARIABLE = "SENTINEL_FAMILY_PATH"
 ENTRY_POINT_GROUP = "kernel_sentinel.families"
-KERNELS_PACKAGE = "provable_kernels"
 
 
 class UnknownFamily(KeyError):
@@ -155,17 +154,18 @@ def select_with_broken(names: Optional[Sequence[str]],
 
 
 def select(names: Optional[Sequence[str]], package: str = KERNELS_PACKAGE) -> list[Family]:
-    """The families :func:`select_with_broken` selects, broken ones left out."""
-    return select_with_broken(names, package)[0]
+    """The families :func:`select_with_broken` selects, broken ones of unnamed families left out; ``RuntimeError``
+    naming the error when a family named in ``names`` is broken (it is never dropped silently)."""
+    found, broken = select_with_broken(names, package)
+    if names and broken:
+        raise RuntimeError("; ".join(f"family {b.name!r} failed to load ({b.where}): {b.error}" for b in broken))
+    return found
 
 
 def family(name: str) -> Family:
     """The registered family called ``name`` (:class:`UnknownFamily` when none is; ``RuntimeError`` naming the
     error when its registration is broken)."""
-    found, broken = select_with_broken([name])
-    if broken:
-        raise RuntimeError(f"family {name!r} failed to load ({broken[0].where}): {broken[0].error}")
-    return found[0]
+    return select([name])[0]
 
 
 def by_root(chosen: Sequence[Family]) -> dict[Path, list[Family]]:

@@ -112,6 +112,8 @@ def test_a_broken_registration_fails_alone(outside):
     assert {r["id"] for r in report["routes"]} == {"plugfam.infer", "plugfam.train"}
     assert all(r["status"] == "pass" for r in report["routes"])  # the healthy family ran, and passed
     assert any("broken" in p and "no_such_module_anywhere" in p for p in report["problems"]), report["problems"]
+    done = sentinel(repo, env, "mutate", "--family", "broken", "-n", "1")  # named: never dropped silently
+    assert done.returncode == 1 and "no_such_module_anywhere" in done.stderr, done.stderr
 
 
 def test_a_search_path_that_does_not_exist_is_a_usage_error(outside):
