@@ -300,20 +300,19 @@ def test_adjoint_bad_grad_output():
 
 
 @pytest.mark.parametrize("fullgraph", [True, False])
-def test_ids_without_num_segments_under_compile_say_so_first(fullgraph):
+def test_ids_without_num_segments_under_compile_say_so(fullgraph):
     """Under torch.compile no host read can give S: the error names num_segments and the fix. With fullgraph Dynamo
-    wraps it, and its cause, the first line of the printed traceback, carries the message; without fullgraph the
-    call runs eagerly after the graph break and raises the ValueError itself."""
-    import traceback
-
+    wraps it, and the message is in the error lines the traceback prints (the wrapper's own text under torch 2.11,
+    its cause, printed first, under newer torch), not only in a quoted source line; without fullgraph the call runs
+    eagerly after the graph break and raises the ValueError itself."""
     x, ids = torch.randn(6, 3), torch.tensor([0, 0, 1, 1, 2, 2])
     compiled = torch.compile(lambda x, ids: segment_reduce(x, "sum", ids=ids), fullgraph=fullgraph)
     with pytest.raises(Exception) as caught:
         compiled(x, ids)
     wanted = "num_segments must be given with ids under torch.compile"
     if fullgraph:
-        first = "".join(traceback.format_exception(caught.value)).lstrip().splitlines()[0]
-        assert wanted in first and "pass num_segments=S" in first, first
+        said = [str(caught.value), str(caught.value.__cause__)]
+        assert any(wanted in text and "pass num_segments=S" in text for text in said), said
     else:
         assert caught.type is ValueError and str(caught.value).startswith(wanted)
         assert str(caught.value).endswith("pass num_segments=S")

@@ -46,9 +46,10 @@ COMMIT_ID = re.compile(r"[0-9a-f]{4,40}")
 # a page's prose: the text of its article without code, preformatted blocks or scripts
 PROSE = """() => { const a = document.querySelector("article").cloneNode(true);
     a.querySelectorAll("pre, code, script, style, .mermaid").forEach(e => e.remove()); return a.textContent; }"""
-# elements wider than their box at this width: the page itself, a table's scroll wrapper, a code block
-SIDEWAYS = """() => [document.scrollingElement,
-                     ...document.querySelectorAll(".md-typeset__scrollwrap, .md-typeset pre > code")]
+# elements wider than their box at this width: the page itself, a table or its wrappers (they vary by theme version),
+# a code block
+SIDEWAYS = """() => [document.scrollingElement, ...document.querySelectorAll(
+        ".md-typeset__scrollwrap, .md-typeset__table, .md-typeset table, .md-typeset pre > code")]
     .filter(e => e.scrollWidth > e.clientWidth + 1)
     .map(e => `${e.tagName.toLowerCase()}.${e.className}: ${e.scrollWidth} px in ${e.clientWidth} px`)"""
 # the commit of every header line of the benchmark pages and of every record line of the trace pages
@@ -343,7 +344,9 @@ GRID = """() => { const t = [...document.querySelectorAll("table")].find(t => t.
         && [...t.tHead.rows[0].cells].map(c => c.textContent.trim()).join("|").startsWith("family|CPU"));
     if (!t) return null;
     const box = t.getBoundingClientRect();
-    const headline = t.closest(".md-typeset__scrollwrap").previousElementSibling.getBoundingClientRect();
+    let block = t;  // the table's outermost wrapper in the page's content (the theme's wrappers vary by version)
+    while (block.parentElement && !block.parentElement.classList.contains("md-typeset")) block = block.parentElement;
+    const headline = block.previousElementSibling.getBoundingClientRect();
     return {bottom: box.bottom, right: box.right, headline: headline.top,
             cells: [...t.tBodies[0].rows].map(r => [...r.cells].map(c => {
                 const span = c.querySelector("span[class^=sentinel-]");
