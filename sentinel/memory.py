@@ -505,13 +505,13 @@ def recording(programs: Optional[Programs] = None) -> Iterator[list[Launch]]:
 # -------------------------------------------------------------------------------------------------- check
 
 
-def verdict(family: Family, cases: Sequence[Case], device: torch.device,
-            bad: Sequence[Callable[[], Case]] = (), recorded: Optional[list[list[Launch]]] = None) -> Verdict:
+def verdict(family: Family, cases: Sequence[Case], device: torch.device, bad: Optional[Watch] = None,
+            bad_inputs: int = 0) -> Verdict:
     """The ``memory`` check on ``cases`` (of one route): run each (forward and backward) inside :func:`watching`,
-    in host mode and in device mode (:data:`MODES`), then each of the route's bad inputs ``bad`` (builders) in
-    device mode, where the kernels read the bad values themselves and must stay inside their arguments whatever
-    they hold (raising is allowed). ``recorded``, when given, receives the launches of each bad input's run
-    (:func:`recording`), for the ``races`` check."""
+    in host mode and in device mode (:data:`MODES`); ``bad``: what :func:`watching` saw of the route's
+    ``bad_inputs`` bad inputs run in device mode (by ``kernel_sentinel.rows.run_bad_inputs``, whose runs serve the
+    ``bad_input`` and ``races`` checks too), where the kernels read the bad values themselves and must stay inside
+    their arguments whatever they hold (raising is allowed)."""
     if device.type != "cpu":
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
@@ -521,11 +521,10 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device,
             for mode in MODES:
                 with value_checks(mode):
                     run_route(family.run, fresh_case(case))
-        for make in bad:
-            with value_checks("device"), recording() as launches, contextlib.suppress(Exception):
-                family.run(make())
-            if recorded is not None:
-                recorded.append(launches)
+    if bad is not None:
+        watch.launches, watch.accesses = watch.launches + bad.launches, watch.accesses + bad.accesses
+        watch.kernels |= bad.kernels
+        watch.problems += bad.problems
     problems = list(watch.problems[:SHOWN])
     if len(watch.problems) > SHOWN:
         problems.append(f"... {len(watch.problems) - SHOWN} more")
@@ -536,5 +535,5 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device,
                                         "its own operations)")
     return Verdict(tuple(problems), f"{watch.accesses} loads and stores in {watch.launches} launches "
                                     f"({', '.join(sorted(watch.kernels))}) over {len(cases)} cases in host and "
-                                    f"device mode and {len(bad)} bad inputs in device mode checked: every lane "
+                                    f"device mode and {bad_inputs} bad inputs in device mode checked: every lane "
                                     f"inside its arguments, redzones intact")

@@ -41,7 +41,6 @@ does not run (the kernels run compiled).
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import random
 import threading
@@ -51,7 +50,6 @@ import numpy
 import torch
 
 from provable_kernels import alloc
-from provable_kernels.validate import value_checks
 from kernel_sentinel import memory
 from kernel_sentinel.checks import run_route
 from kernel_sentinel.family import Case, Family
@@ -291,24 +289,13 @@ def _run(family: Family, case: Case, schedule: Optional[Schedule]) -> tuple[Any,
     return outputs, launches
 
 
-def _bad_input_runs(family: Family, bad: Sequence[Callable[[], Case]]) -> list[list[memory.Launch]]:
-    """The recorded launches of each bad input's run in device mode (in program order)."""
-    runs = []
-    for make in bad:
-        with alloc.poisoned(), value_checks("device"), memory.recording() as launches:
-            with contextlib.suppress(Exception):
-                family.run(make())
-        runs.append(launches)
-    return runs
-
-
 def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
-            bad: Sequence[Callable[[], Case]] = (), recorded: Optional[Sequence[list[memory.Launch]]] = None) -> Verdict:
+            bad: Sequence[list[memory.Launch]] = ()) -> Verdict:
     """The ``races`` check on ``case`` (a route's tiny case): conflicts in program order and in each of
     :data:`SCHEDULES` (shuffled ones seeded by ``seed``), whose outputs must be bitwise program order's; then
-    conflicts in program order of each of the route's bad inputs ``bad`` (builders) in device mode, where the
-    kernels read the bad values themselves (unsorted ids, say: raising is allowed). ``recorded``: the launches of
-    those runs, when the ``memory`` check has made them (:func:`kernel_sentinel.memory.verdict`)."""
+    conflicts in program order of the route's bad inputs in device mode, where the kernels read the bad values
+    themselves (unsorted ids, say: raising is allowed): ``bad``, the recorded launches of each one's runs (made
+    once for this check and the ``bad_input`` and ``memory`` checks by ``kernel_sentinel.rows.run_bad_inputs``)."""
     if device.type != "cpu":
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
@@ -330,7 +317,7 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
             found.setdefault(line, f"{line} (in {name} order)")
         for line in differences(got, want):
             found.setdefault(line, f"in {name} order, not bitwise program order's: {line}")
-    for launches_of_one in _bad_input_runs(family, bad) if recorded is None else recorded:
+    for launches_of_one in bad:
         for line in (c for launch in launches_of_one for c in conflicts(launch)):
             found.setdefault(line, f"{line} (a bad input in device mode)")
     found = list(found.values())

@@ -79,7 +79,7 @@ class RouteRun:
         self._cases: dict[str, Case] = {}
         self._outputs: dict[str, Any] = {}
         self._probes: dict[str, Probe] = {}
-        self.bad_input_launches: Optional[list] = None  # the memory check's recorded runs, for the races check
+        self._bad_input_runs: Optional[BadInputRuns] = None
 
     def case(self, size: str) -> Case:
         if size not in self._cases:
@@ -98,6 +98,13 @@ class RouteRun:
         if isinstance(result, Exception):
             raise result
         return result
+
+    def bad_input_runs(self) -> "BadInputRuns":
+        """The route's bad inputs run in device mode under the interpreter, once for the ``bad_input``, ``memory``
+        and ``races`` checks (:func:`run_bad_inputs`; CPU only)."""
+        if self._bad_input_runs is None:
+            self._bad_input_runs = run_bad_inputs(self)
+        return self._bad_input_runs
 
     def probe(self, size: str) -> Probe:
         """The generic checks' runs of the case of ``size`` (their shared baseline runs once)."""
@@ -332,7 +339,7 @@ def _device_mode_runs(run: RouteRun, base: Case, indices: Sequence[int]) -> dict
     Returns ``{index: DeviceModeRun}``. On a GPU the calls run in a spawned process, since a device assertion ends
     the CUDA context it fires in: after one, a new process goes on with the rest (:func:`_in_turn`)."""
     if run.options.device.type == "cpu":
-        return {index: _device_mode_run(run.family, run.route_id, base, index) for index in indices}
+        return {index: run.bad_input_runs().outcomes[index] for index in indices}
     return _in_turn(lambda pending: in_child(functools.partial(
         _spawned_device_mode_runs, run.family.name, run.route_id, "tiny", str(run.dtype).removeprefix("torch."),
         run.options.device.type, run.options.seed, pending), "spawn"), indices)
@@ -381,6 +388,36 @@ def _device_mode_run(family: Family, route_id: str, base: Case, index: int) -> D
     return False, not non_finite(outputs), tuple(differences(again, outputs)), broken
 
 
+@dataclass
+class BadInputRuns:
+    """Every bad input declared for a route (on its tiny case) run by :func:`_device_mode_run` under the Triton
+    interpreter: each one's :data:`DeviceModeRun`, the launches of its runs (recorded, programs in order), and what
+    the memory guard saw of them all (None where the interpreter lacks what the guard watches: the ``memory`` check
+    then fails on its own runs)."""
+
+    outcomes: list[DeviceModeRun]
+    launches: list[list[memory.Launch]]
+    watch: Optional[memory.Watch]
+
+
+def run_bad_inputs(run: RouteRun) -> BadInputRuns:
+    """:class:`BadInputRuns` of ``run``'s route: one device-mode run of each bad input (two allocation poisons)
+    serves the ``bad_input`` check (its outcome), the ``memory`` check (every lane inside its arguments, whatever
+    the bad values: :func:`kernel_sentinel.memory.watching`) and the ``races`` check (the recorded launches)."""
+    base = run.case("tiny")
+    outcomes, launches = [], []
+    with contextlib.ExitStack() as stack:
+        try:
+            watch: Optional[memory.Watch] = stack.enter_context(memory.watching())
+        except memory.Unavailable:
+            watch = None
+        for index in range(len(bad_inputs_of(run.family, run.route_id))):
+            with memory.recording() as recorded:
+                outcomes.append(_device_mode_run(run.family, run.route_id, base, index))
+            launches.append(recorded)
+    return BadInputRuns(outcomes, launches, watch)
+
+
 def _spawned_device_mode_runs(family_name: str, route_id: str, size: str, dtype: str, device: str, seed: int,
                               indices: tuple[int, ...]) -> list[DeviceModeRun]:
     """:func:`_device_mode_run` of each of ``indices`` in a spawned process (the family and case rebuilt from their
@@ -412,24 +449,18 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
     return check
 
 
-def _bad_builders(run: RouteRun) -> list[Callable[[], Case]]:
-    """Builders of the route's bad inputs, on its tiny case (the ``memory`` and ``races`` checks run them)."""
-    base = run.case(run.options.size("tiny"))
-    return [functools.partial(item.make, base) for item in bad_inputs_of(run.family, run.route_id)]
-
-
 def check_memory(run: RouteRun, repro: str) -> CheckResult:
     sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
-    recorded: list = []
-    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, _bad_builders(run),
-                             recorded)
-    run.bad_input_launches = recorded
+    interpreted = run.options.device.type == "cpu"
+    bad = run.bad_input_runs() if interpreted else None
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device,
+                             bad.watch if bad else None, len(bad.outcomes) if bad else 0)
     return _summarized("memory", verdict.problems, verdict.summary, (), repro)
 
 
 def check_races(run: RouteRun, repro: str) -> CheckResult:
-    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, _bad_builders(run),
-                            run.bad_input_launches)
+    bad = run.bad_input_runs().launches if run.options.device.type == "cpu" else []
+    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, bad)
     return _summarized("races", verdict.problems, verdict.summary, (), repro)
 
 

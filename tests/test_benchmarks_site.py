@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import site  # noqa: E402
+from benchmarks import site, site_plots  # noqa: E402
 from benchmarks.analysis import analyze  # noqa: E402
 from benchmarks.common import RESULTS, blob_id  # noqa: E402
 
@@ -22,6 +22,25 @@ SYNTHETIC = ROOT / "tests" / "test_benchmarks_analysis.py"
 def test_committed_pages_are_current():
     stale = site.write_pages(RESULTS, check=True)
     assert not stale, f"run `python -m benchmarks site` and commit: {stale}"
+
+
+def test_plots_are_committed_once_and_served_where_the_analysis_wrote_them():
+    """No image is committed under traces/ (the site's docs): every plot a committed benchmark page shows is a
+    file of benchmarks/results/, which the site's hook serves at the page's link (benchmarks/site_plots.py, named
+    in mkdocs.yml)."""
+    import re
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "traces"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert not [p for p in tracked if p.endswith((".png", ".pdf", ".svg", ".jpg"))]
+    served = site_plots.served()
+    links = [(page.name, link) for page in (ROOT / "traces" / "guide" / "benchmarks").glob("*.md")
+             for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page.read_text())]
+    assert links, "no committed benchmark page shows a plot"
+    for name, link in links:
+        assert f"{site_plots.PAGES_URI}/{link}" in served, f"{name} links {link}, which the site does not serve"
+    assert "  - benchmarks/site_plots.py\n" in (ROOT / "mkdocs.yml").read_text()
 
 
 def write_header(run: Path, sources: dict) -> None:
@@ -58,9 +77,11 @@ def test_page_shows_run_plots_and_table_and_marks_stale(tmp_path):
     assert "## Test GPU" in text and "results/semicrf/test-gpu/` (CSV" in text
     images = [line for line in text.splitlines() if line.startswith("![")]
     assert len(images) >= 3
+    plots = site_plots.served(results)
     for line in images:
-        name = line.split("(")[1].rstrip(")")
-        assert (pages / name).stat().st_size > 0, name
+        link = line.split("(")[1].rstrip(")")
+        assert plots[f"{site_plots.PAGES_URI}/{link}"].stat().st_size > 0, link
+    assert not list(pages.rglob("*.png")), "plots copied next to the page"
 
     changed = dict(current)
     path = next(iter(changed))

@@ -223,19 +223,25 @@ def test_a_schedule_name_is_checked():
         races.Schedule("sideways")
 
 
-def test_the_bad_inputs_memory_ran_are_checked_for_races_without_running_them_again(monkeypatch):
-    """In one row the memory check's recorded runs of the bad inputs serve the races check."""
+def test_one_run_of_the_bad_inputs_serves_the_bad_input_memory_and_races_checks(monkeypatch):
+    """In one row each bad input runs in device mode once (two allocation poisons) for the bad_input, memory and
+    races checks: after bad_input the other two run none of their own, memory counts what the guard saw of those
+    runs, and races checks the launches they recorded."""
     family = registry.family("segment")
     run = rows.RouteRun(family, "segment.triton.sum.train.ids", rows.Options(device=torch.device("cpu"), quick=True),
                         torch.float32)
-    assert rows.check_memory(run, "").passed
-    assert len(run.bad_input_launches) == len(rows.bad_inputs_of(family, run.route_id))
-    assert any(launch.trace for launches in run.bad_input_launches for launch in launches)
+    assert rows.check_bad_input(run, "").passed
+    shared = run.bad_input_runs()
+    assert len(shared.launches) == len(shared.outcomes) == len(rows.bad_inputs_of(family, run.route_id))
+    assert any(launch.trace for launches in shared.launches for launch in launches)
+    assert shared.watch is not None and shared.watch.launches and not shared.watch.problems
+    monkeypatch.setattr(rows, "_device_mode_run", lambda *args: pytest.fail("the bad inputs ran again"))
     seen = []
     monkeypatch.setattr(races, "conflicts", lambda launch: seen.append(launch) or [])
-    monkeypatch.setattr(races, "_bad_input_runs", lambda *args: pytest.fail("the bad inputs ran again"))
+    checked = rows.check_memory(run, "")
+    assert checked.passed and f"and {len(shared.outcomes)} bad inputs in device mode checked" in checked.detail
     assert rows.check_races(run, "").passed
-    assert all(any(launch is s for s in seen) for launches in run.bad_input_launches for launch in launches)
+    assert all(any(launch is s for s in seen) for launches in shared.launches for launch in launches)
 
 
 # ------------------------------------------------------------------------------------------ planted bugs
@@ -264,6 +270,7 @@ PLANTED = {
 }
 
 
+@pytest.mark.slow  # the races check of these routes, unmutated: CI's README verify runs it on every route
 def test_the_unmutated_sources_pass_races(scratch):
     routes = sorted({r for *_, rs in PLANTED.values() for r in rs})
     code, last, _ = scratch.worker("segment", routes, seed=0, timeout=600, checks=["races"])

@@ -180,6 +180,7 @@ PLANTED = {
 }
 
 
+@pytest.mark.slow  # the memory check of these routes, unmutated: CI's README verify runs it on every route
 def test_the_unmutated_sources_pass_memory(scratch):
     for family in sorted({family for family, *_ in PLANTED.values()}):
         routes = sorted({r for f, *_, rs in PLANTED.values() if f == family for r in rs})
