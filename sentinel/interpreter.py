@@ -1,4 +1,5 @@
-"""The Triton interpreter's language patching, with its member lookups made once per module.
+"""The Triton interpreter's language patching, with its member lookups made once per module, and its dtype table
+built once.
 
 Under ``TRITON_INTERPRET=1`` every kernel launch, and every call of a ``@triton.jit`` helper inside a kernel,
 patches ``triton.language`` (its module, ``tensor`` class, ``math`` and ``tensor_descriptor_base``): each member
@@ -6,8 +7,11 @@ that is a Triton builtin is replaced by one that runs on the interpreter's NumPy
 members with ``inspect.getmembers`` on every call (``_patch_builtin``), sorting hundreds of names each time: on
 the CPU about a third of an interpreted kernel's time. :func:`install` replaces ``_patch_builtin`` with
 :func:`_patch_builtin`, which patches exactly the same members (the names whose member is a builtin when it is
-called; those names are found once per module, before any launch has patched it) and leaves the rest of the
-interpreter as it is. The kernels run the same code on the same values: results are bitwise those without it.
+called; those names are found once per module, before any launch has patched it). Triton's ``_get_np_dtype``
+(the NumPy dtype of a Triton type, asked for every value a kernel makes) builds its table of 18 NumPy dtypes on
+every call; :func:`install` replaces it with a lookup in that table built once from Triton's own answers (any
+type not in it is asked of Triton's function). The rest of the interpreter stays as it is: the kernels run the
+same code on the same values, and results are bitwise those without it.
 
 It installs only on a Triton whose interpreter has the function it replaces with the signature it expects (Triton
 3.6 to 3.9); elsewhere the interpreter runs unchanged.
@@ -43,6 +47,29 @@ def _patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
         interpreter._patch_attr(pkg, name, member, builder, scope)
 
 
+def _dtype_lookup(original: Any) -> Any:
+    """Triton's ``_get_np_dtype`` as a lookup: ``original``'s answer for each scalar type of ``triton.language``,
+    found once (a block type answers for its element type, as in Triton's function); ``original`` answers the
+    rest (pointers, types it does not know)."""
+    import triton.language as tl
+
+    table = {}
+    for member in vars(tl).values():
+        if isinstance(member, tl.dtype) and not isinstance(member, (tl.pointer_type, tl.block_type)):
+            try:
+                table[member] = original(member)
+            except KeyError:  # a type the interpreter cannot hold: Triton's function raises for it, every time
+                pass
+
+    def np_dtype(tt_dtype: Any) -> Any:
+        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        found = None if isinstance(element, tl.pointer_type) else table.get(element)  # pointers: not hashable
+        return original(tt_dtype) if found is None else found
+
+    np_dtype.original = original
+    return np_dtype
+
+
 def install() -> bool:
     """Use :func:`_patch_builtin` in Triton's interpreter (once per process); False, changing nothing, where the
     interpreter lacks the functions it relies on."""
@@ -59,4 +86,7 @@ def install() -> bool:
     for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base):
         builtin_names(pkg)  # before any launch patches them
     interpreter._patch_builtin = _patch_builtin
+    get_np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if get_np_dtype is not None and list(inspect.signature(get_np_dtype).parameters) == ["tt_dtype"]:
+        interpreter._get_np_dtype = _dtype_lookup(get_np_dtype)
     return True

@@ -6,8 +6,8 @@ order nobody chose. A kernel correct only in program order passes every other CP
 ``tiny`` case (forward and backward: :attr:`Family.run`) with every access recorded
 (:func:`kernel_sentinel.memory.recording`), first in program order, then with the programs run in other orders
 (:data:`SCHEDULES`), then the route's bad inputs in device mode, in program order (the kernels then read bad
-indices themselves: unsorted ids may send two programs to one segment; the ``memory`` check's recorded runs of them
-when it ran first in the row), and reports
+indices themselves: unsorted ids may send two programs to one segment; the runs made once for this check and the
+``bad_input`` and ``memory`` checks, ``kernel_sentinel.rows.run_bad_inputs``), and reports
 
 - **conflicts** (:func:`conflicts`): two accesses of different programs to the same bytes, at least one of them a
   plain store and not both atomics, that no synchronisation orders. Order comes from the atomics' memory semantics

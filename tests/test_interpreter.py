@@ -49,3 +49,29 @@ def test_a_patched_member_is_not_patched_again():
     finally:
         scope.restore()
     assert tl.core.is_builtin(tl.load)  # restored
+
+
+def test_install_answers_every_dtype_as_triton_does():
+    """The interpreter's dtype table, built once, gives Triton's own answer for every scalar type, block type and
+    pointer (and raises where Triton raises)."""
+    from triton.runtime import interpreter as triton_interpreter
+    import triton.language as tl
+
+    assert interpreter.install()
+    lookup = triton_interpreter._get_np_dtype
+    original = lookup.original
+    scalars = [m for m in vars(tl).values() if isinstance(m, tl.dtype)
+               and not isinstance(m, (tl.pointer_type, tl.block_type))]
+    asked = scalars + [tl.pointer_type(tl.float32), tl.block_type(tl.float16, [4, 8]),
+                       tl.block_type(tl.pointer_type(tl.int32), [16])]
+    answered = 0
+    for tt_dtype in asked:
+        try:
+            want = original(tt_dtype)
+        except KeyError:
+            with pytest.raises(KeyError):
+                lookup(tt_dtype)
+            continue
+        assert lookup(tt_dtype) == want and type(lookup(tt_dtype)) is type(want), tt_dtype
+        answered += 1
+    assert answered >= 15
