@@ -163,7 +163,8 @@ def test_site_without_the_docs_extra_or_traces_is_a_usage_error_saying_what_to_d
 
 
 def test_this_repository_site_inherits_the_default_configuration():
-    """Theme, extensions, assets and hook of this repository's mkdocs.yml are those of sentinel's default one."""
+    """Theme, extensions, assets and hook of this repository's mkdocs.yml are those of sentinel's default one; its
+    one addition is the hook that serves the benchmark plots."""
     from mkdocs.config import load_config
 
     from kernel_sentinel import site_command
@@ -178,5 +179,6 @@ def test_this_repository_site_inherits_the_default_configuration():
     assert dict(ours["theme"].items()) == dict(default["theme"].items())
     assert [p for p in ours["plugins"] if p not in ours["hooks"]] == \
         [p for p in default["plugins"] if p not in default["hooks"]] == ["material/search"]
-    assert {Path(m.__file__).resolve() for c in (ours, default) for m in c["hooks"].values()} == \
-        {REPO / "sentinel" / "site.py"}
+    assert [Path(m.__file__).resolve() for m in default["hooks"].values()] == [REPO / "sentinel" / "site.py"]
+    assert [Path(m.__file__).resolve() for m in ours["hooks"].values()] == \
+        [REPO / "sentinel" / "site.py", REPO / "benchmarks" / "site_plots.py"]
