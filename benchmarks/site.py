@@ -6,8 +6,8 @@ device, commit, date, versions, floors; a table of medians and ratios per config
 below the hardware floor reads ``invalid`` and is listed with the reason (``runner.flag_below_floor``); the
 adapter's targets, each met or not (``analysis.targets``); the key
 plots, linked where the analysis wrote them and served from there by the site's hook ``benchmarks/site_plots.py``
-(nothing is copied), shown one per row at the full width of the content), then each device's kernel breakdown (``breakdown.json``) and checks
-(``checks.json``). ``overhead.md`` gathers every family's public-call report
+(nothing is copied), shown one per row at the full width of the content), then each device's kernel breakdown
+(``breakdown.json``) and checks (``checks.json``). ``overhead.md`` gathers every family's public-call report
 (``results/<family>/<device slug>/overhead.json``).
 A run that its wall-clock budget cut short (a measurement ``skipped`` for the budget) is marked INCOMPLETE and
 shows what is missing and the command that makes a complete run, none of its numbers (no plot, median or target:

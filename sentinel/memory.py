@@ -204,6 +204,12 @@ class Watch:
     kernels: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
 
+    def add(self, other: "Watch") -> None:
+        """Count what ``other`` saw as seen here too."""
+        self.launches, self.accesses = self.launches + other.launches, self.accesses + other.accesses
+        self.kernels |= other.kernels
+        self.problems += other.problems
+
 
 @dataclass
 class _State:
@@ -522,9 +528,7 @@ def verdict(family: Family, cases: Sequence[Case], device: torch.device, bad: Op
                 with value_checks(mode):
                     run_route(family.run, fresh_case(case))
     if bad is not None:
-        watch.launches, watch.accesses = watch.launches + bad.launches, watch.accesses + bad.accesses
-        watch.kernels |= bad.kernels
-        watch.problems += bad.problems
+        watch.add(bad)
     problems = list(watch.problems[:SHOWN])
     if len(watch.problems) > SHOWN:
         problems.append(f"... {len(watch.problems) - SHOWN} more")

@@ -22,8 +22,8 @@ indices themselves: unsorted ids may send two programs to one segment; the runs 
   at a time (a thread each), each until it finishes or **waits**: it repeats its previous access with an atomic
   (same addresses, same values read, memory unchanged: a spin wait's poll; Triton's acquire is an atomic). A
   waiting program runs again once another program changes memory, so no dependency needs declaring: every order
-  is one a GPU may run, a wait included. Outputs and gradients must be bitwise those of program order (a difference is an
-  order dependence the GPU can show). When every unfinished program waits, the schedule has a **deadlock**: each
+  is one a GPU may run, a wait included. Outputs and gradients must be bitwise those of program order (a
+  difference is an order dependence the GPU can show). When every unfinished program waits, the schedule has a **deadlock**: each
   waiting program is named with the argument and offset it polls, instead of hanging; a program that makes more
   than :data:`STEP_LIMIT` accesses in one launch is reported the same way (a spin wait the check does not
   recognise as one, such as one polling with plain loads).

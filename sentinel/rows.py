@@ -101,9 +101,10 @@ class RouteRun:
 
     def bad_input_runs(self) -> "BadInputRuns":
         """The route's bad inputs run in device mode under the interpreter, once for the ``bad_input``, ``memory``
-        and ``races`` checks (:func:`run_bad_inputs`; CPU only)."""
+        and ``races`` checks (:func:`run_bad_inputs`); on a GPU none (nothing runs interpreted there)."""
         if self._bad_input_runs is None:
-            self._bad_input_runs = run_bad_inputs(self)
+            interpreted = self.options.device.type == "cpu"
+            self._bad_input_runs = run_bad_inputs(self) if interpreted else BadInputRuns([], [], None)
         return self._bad_input_runs
 
     def probe(self, size: str) -> Probe:
@@ -451,16 +452,15 @@ def generic_check(name: str) -> Callable[[RouteRun, str], CheckResult]:
 
 def check_memory(run: RouteRun, repro: str) -> CheckResult:
     sizes = dict.fromkeys(run.options.size(s) for s in ("tiny", "small"))
-    interpreted = run.options.device.type == "cpu"
-    bad = run.bad_input_runs() if interpreted else None
-    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device,
-                             bad.watch if bad else None, len(bad.outcomes) if bad else 0)
+    bad = run.bad_input_runs()
+    verdict = memory.verdict(run.family, [run.case(s) for s in sizes], run.options.device, bad.watch,
+                             len(bad.outcomes))
     return _summarized("memory", verdict.problems, verdict.summary, (), repro)
 
 
 def check_races(run: RouteRun, repro: str) -> CheckResult:
-    bad = run.bad_input_runs().launches if run.options.device.type == "cpu" else []
-    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed, bad)
+    verdict = races.verdict(run.family, run.case("tiny"), run.options.device, run.options.seed,
+                            run.bad_input_runs().launches)
     return _summarized("races", verdict.problems, verdict.summary, (), repro)
 
 
