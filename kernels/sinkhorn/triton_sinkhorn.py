@@ -276,32 +276,51 @@ def log_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, N: tl.constex
 
 
 @triton.jit
-def _log_backward_scaling(K, Wb, ITERS, STRIDE, rows, cols, CP: tl.constexpr):
-    """The reverse sweep of the scaling form from the upstream gradient ``Wb``: a first forward pass keeps the
-    column scalings of every STRIDE-th step in CP slots; step k is replayed from the nearest kept one."""
+def _select(kept, slots, g, AXIS: tl.constexpr):
+    """The vector kept in slot ``g`` of ``kept`` (slots along ``AXIS``)."""
+    return tl.expand_dims(tl.sum(tl.where(slots == g, kept, 0.0), axis=AXIS), AXIS)
+
+
+@triton.jit
+def _log_backward_scaling(K, Pb, ITERS, STRIDE, rows, cols, CP: tl.constexpr):
+    """The gradient with respect to ``L`` of ``sum(Pb * P)``, ``P = r K c`` after ITERS steps of the scaling form,
+    by the adjoint of the scaling vectors: step k (``r = 1 / (K c')``, ``c = 1 / (K^T r)`` from the previous
+    ``c'``) has ``s = -c_bar c^2``, ``r_bar += K s``, ``t = -r_bar r^2``, ``c'_bar = K^T t`` and adds the outer
+    products ``r s^T + t c'^T`` to ``K_bar`` (four n^2 multiply-adds a step); ``L_bar = K * K_bar`` at the end. A
+    first forward pass keeps ``c`` at the start of every group of STRIDE steps (CP slots); the reverse sweep takes
+    each group's slot once and replays the group's steps from it."""
     slots = tl.arange(0, CP)[None, :, None]
     c = tl.where(cols, 1.0, 0.0).to(K.dtype)
     r = tl.where(rows, 1.0, 0.0).to(K.dtype)
     kept = c + 0.0 * slots
-    for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
+    groups = tl.cdiv(ITERS, STRIDE)
+    for g in range(0, groups):  # a slot per group of STRIDE steps: one write per group
         kept = tl.where(slots == g, c, kept)
         for _ in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
             r = _scale_rows(K, c, rows)
             c = _scale_cols(K, r, cols)
-    Wb = Wb * (K * r * c)  # the output's own factor (step ITERS): w_bar = out_bar * out
-    for t in range(0, ITERS):
-        k = ITERS - t
-        j = (k - 1) // STRIDE
-        c = tl.sum(tl.where(slots == j, kept, 0.0), axis=1)[:, None, :]
-        for _ in range(j * STRIDE, k - 1):
-            c = _scale_cols(K, _scale_rows(K, c, rows), cols)
-        r = _scale_rows(K, c, rows)
-        S = K * r * c
-        c = _scale_cols(K, r, cols)
-        Q = K * r * c
-        Wb = Wb - Q * tl.sum(Wb, axis=1)[:, None, :]
-        Wb = Wb - S * tl.sum(Wb, axis=2)[:, :, None]
-    return Wb
+    G = Pb * K
+    Kb = Pb * r * c  # the output's own factor: P = r K c
+    rb = tl.sum(G * c, axis=2)[:, :, None]
+    cb = tl.sum(G * r, axis=1)[:, None, :]
+    for h in range(0, groups):
+        g = groups - 1 - h
+        start = _select(kept, slots, g, 1)
+        top = tl.minimum(g * STRIDE + STRIDE, ITERS)
+        for t in range(0, top - g * STRIDE):
+            k = top - t
+            cp = start
+            for _ in range(g * STRIDE, k - 1):
+                cp = _scale_cols(K, _scale_rows(K, cp, rows), cols)
+            r = _scale_rows(K, cp, rows)
+            c = _scale_cols(K, r, cols)
+            s = -(cb * c) * c
+            rb = rb + tl.sum(K * s, axis=2)[:, :, None]
+            tb = -(rb * r) * r
+            Kb = Kb + r * s + tb * cp
+            cb = tl.sum(K * tb, axis=1)[:, None, :]
+            rb = 0.0 * rb  # r of step k - 1 enters only its own column step
+    return K * Kb
 
 
 @triton.jit
@@ -321,11 +340,19 @@ def _prob_prepare(x_ptr, pid, B, valid, eps, N: tl.constexpr, NB: tl.constexpr, 
 def _prob_step(p0, r, c, idx, eps):
     """Step ``idx`` (1-based) of the probability loop on the scalings of ``p0``: the row division (skipped at step
     1, where the softmax already normalised the rows: denominators 1), then the column division; returns the new
-    scalings and both denominators."""
-    dr = tl.where(idx > 1, _safe(r * tl.sum(p0 * c, axis=2)[:, :, None] + eps), 1.0)
-    r = r * _rcp(dr)
-    dc = _safe(c * tl.sum(p0 * r, axis=1)[:, None, :] + eps)
-    return r, c * _rcp(dc), dr, dc
+    scalings and both denominators before ``_safe`` (0 where a zero sum divides by 1)."""
+    dr = tl.where(idx > 1, r * tl.sum(p0 * c, axis=2)[:, :, None] + eps, 1.0)
+    r = r * _rcp(_safe(dr))
+    dc = c * tl.sum(p0 * r, axis=1)[:, None, :] + eps
+    return r, c * _rcp(_safe(dc)), dr, dc
+
+
+@triton.jit
+def _division_adjoint(v_bar, v, d, eps):
+    """For ``v = v' / d`` with ``d = v' a + eps`` (``d = 0`` divides by 1): the adjoints of ``v'`` and of the sum
+    ``a``, from ``v_bar``: ``dv/dv' = eps / d^2`` and ``dv/da = -v^2`` (1 and 0 where ``d = 0``)."""
+    q = _rcp(_safe(d))
+    return v_bar * tl.where(d == 0.0, 1.0, (eps * q) * q), v_bar * tl.where(d == 0.0, 0.0, -(v * v))
 
 
 @triton.jit(do_not_specialize=SIZES)
@@ -345,8 +372,10 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl.constexp
 @triton.jit(do_not_specialize=BACKWARD_SIZES)
 def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, EPS_HI, EPS_LO, N: tl.constexpr, NB: tl.constexpr,
                          BM: tl.constexpr, F64: tl.constexpr, CP: tl.constexpr):
-    """Reverse sweep over the steps k = ITERS..1: a first forward pass keeps the scalings ``r``, ``c`` of every
-    STRIDE-th step (CP slots per vector, in registers); step k is replayed from the nearest kept pair."""
+    """The adjoint of the scaling vectors (``_division_adjoint`` per division), its outer products summed into
+    ``p0_bar``: four n^2 multiply-adds a step. A first forward pass keeps ``r``, ``c`` at the start of every
+    group of STRIDE steps (CP slots per vector, in registers); the reverse sweep takes each group's pair once and
+    replays the group's steps from it."""
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = float_scalar(EPS_HI, EPS_LO, F64)  # eps as two float32 halves: no per-call tensor
@@ -357,23 +386,36 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, EPS_HI, EPS_
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     kept_r = r + 0.0 * slots_r
     kept_c = c + 0.0 * slots_c
-    for g in range(0, tl.cdiv(ITERS, STRIDE)):  # a slot per group of STRIDE steps: one write per group
+    groups = tl.cdiv(ITERS, STRIDE)
+    for g in range(0, groups):  # a slot per group of STRIDE steps: one write per group
         kept_r = tl.where(slots_r == g, r, kept_r)
         kept_c = tl.where(slots_c == g, c, kept_c)
         for t in range(g * STRIDE, tl.minimum(g * STRIDE + STRIDE, ITERS)):
             r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
     Pb = _load(grad_ptr, pid, B, N, NB, BM, F64)
-    for t in range(0, ITERS):
-        k = ITERS - t
-        j = (k - 1) // STRIDE
-        r = tl.sum(tl.where(slots_r == j, kept_r, 0.0), axis=2)[:, :, None]
-        c = tl.sum(tl.where(slots_c == j, kept_c, 0.0), axis=1)[:, None, :]
-        for i in range(j * STRIDE, k - 1):
-            r, c, dr, dc = _prob_step(p0, r, c, i + 1, eps)
-        cprev = c
-        r, c, dr, dc = _prob_step(p0, r, c, k, eps)
-        Pb = tl.where(valid, (Pb - tl.sum(Pb * (r * p0 * c), axis=1)[:, None, :]) * _rcp(dc), 0.0)
-        Pb = (Pb - tl.sum(Pb * (r * p0 * cprev), axis=2)[:, :, None]) * _rcp(dr)
-    gx = s * (Pb - tl.sum(s * Pb, axis=2)[:, :, None])
+    G = Pb * p0
+    p0b = Pb * r * c  # the output's own factor: P = r p0 c
+    rb = tl.sum(G * c, axis=2)[:, :, None]
+    cb = tl.sum(G * r, axis=1)[:, None, :]
+    for h in range(0, groups):
+        g = groups - 1 - h
+        start_r = _select(kept_r, slots_r, g, 2)
+        start_c = _select(kept_c, slots_c, g, 1)
+        top = tl.minimum(g * STRIDE + STRIDE, ITERS)
+        for t in range(0, top - g * STRIDE):
+            k = top - t
+            rp = start_r
+            cp = start_c
+            for i in range(g * STRIDE, k - 1):
+                rp, cp, dr, dc = _prob_step(p0, rp, cp, i + 1, eps)
+            r, c, dr, dc = _prob_step(p0, rp, cp, k, eps)
+            cb, ub = _division_adjoint(cb, c, dc, eps)  # c = c' / (c' (p0^T r) + eps)
+            rb = rb + tl.sum(p0 * ub, axis=2)[:, :, None]
+            rb_prev, tb = _division_adjoint(rb, r, dr, eps)  # r = r' / (r' (p0 c') + eps), from step 2 on
+            tb = tl.where(k > 1, tb, 0.0)
+            cb = cb + tl.sum(p0 * tb, axis=1)[:, None, :]
+            p0b = p0b + r * ub + tb * cp
+            rb = rb_prev
+    gx = s * (p0b - tl.sum(s * p0b, axis=2)[:, :, None])
     gx = tl.where(bad, float("nan"), tl.where(flat, 0.0, gx))
     _store(gx_ptr, gx, pid, B, N, NB, BM)
