@@ -20,6 +20,9 @@ from provable_kernels.sinkhorn import triton_sinkhorn as kernels
 MAX_N = 64
 TILE = 1024  # entries per program (BM * NB * NB) when several matrices share one program
 ENTRIES_PER_THREAD = 16  # fewer split each matrix over more threads: 3-15x slower on an H100 (n = 4, B = 262144)
+# At NB = 64 (one matrix per program) 32 entries per thread, 4 warps: on an H200 at B = 777 the forward 2.1x (log)
+# and 1.9x (prob) faster than with 16, the backward 2.6x and 1.7x.
+ENTRIES_PER_THREAD_64 = 32
 # Largest span of a row of L = max(x, -1e5) - rowmax that the scaling form takes: exp(-RMAX) stays a normal
 # number and the scalings (bounded by exp(RMAX) times powers of n) stay far from overflow. Wider rows run the
 # log-domain loop for their block.
@@ -48,7 +51,8 @@ def plan(B: int, n: int) -> Plan:
     argument)."""
     NB = triton.next_power_of_2(n)
     BM = max(1, TILE // (NB * NB))
-    return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, BM * NB * NB // (32 * ENTRIES_PER_THREAD))))
+    per_thread = ENTRIES_PER_THREAD_64 if NB == 64 else ENTRIES_PER_THREAD
+    return Plan(BM, NB, triton.cdiv(B, BM), min(8, max(1, BM * NB * NB // (32 * per_thread))))
 
 
 def _stride(iters: int, nb: int) -> int:
