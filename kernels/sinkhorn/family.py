@@ -249,7 +249,7 @@ KNOWN_ISSUES = (
      "a line merges its flagged entries when they lie within GAP = 50 of its largest entry; the adversarial case "
      "'rows whose largest logit is at or near the clamp' checks it", "f320be8"),
     ("The backward keeps the scalings of every ceil(iters / 8)-th step (n <= 4; ceil(sqrt(iters))-th at larger n) "
-     "in registers and replays the others (about 2 to 2.5 forwards in all); matrices that take the log loop (rows "
+     "in registers and replays the others (about 4 to 5 forwards of instructions in all); matrices that take the log loop (rows "
      "spanning > 30, -inf entries) replay every step from x: iters^2 / 2 steps, and their program runs the scaling "
      "form too.", "low (speed)", "matrices with -inf entries or rows spanning more than 30",
      "by design (no per-iteration memory)"),

@@ -56,8 +56,8 @@ def plan(B: int, n: int) -> Plan:
 
 
 def _stride(iters: int, nb: int) -> int:
-    """Steps between the scalings the backward keeps. Each reverse step selects its kept vector (a ``where`` over
-    all CP slots) and replays (stride - 1) / 2 steps on average. With a matrix per thread (NB <= 4) a slot costs
+    """Steps between the scalings the backward keeps. Each group selects its kept vectors once (a ``where`` over
+    all CP slots) and each reverse step replays (stride - 1) / 2 steps on average. With a matrix per thread (NB <= 4) a slot costs
     about 2 NB instructions and a step about 25 NB, so at most 8 slots (stride ceil(iters / 8): at iters = 20, 7
     slots and one replayed step on average, against 4 slots and two with ceil(sqrt(iters))). At NB >= 8,
     ceil(sqrt(iters))."""

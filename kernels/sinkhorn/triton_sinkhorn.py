@@ -5,8 +5,9 @@ rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row
 gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
 shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
 and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
-scaling vectors of every STRIDE-th step in registers (CP slots per vector; ``triton_ops._stride``), replays each
-step from the nearest kept one (about 2 to 2.5 iters steps in all), and writes the input gradient once. Matrices
+scaling vectors at the start of every group of STRIDE steps in registers (CP slots per vector;
+``triton_ops._stride``), walks the groups backwards replaying each step from its group's kept vectors (the adjoint
+of the scaling vectors: four n^2 multiply-adds a step), and writes the input gradient once. Matrices
 that take the log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
