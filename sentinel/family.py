@@ -307,6 +307,19 @@ class Blocks:
 
 
 @dataclass(frozen=True)
+class Publish:
+    """A publish protocol a kernel relies on, declared for the ``races`` check: in kernel ``kernel``, a program
+    reads what another program wrote to argument ``data`` only after an acquire of argument ``flag`` that the
+    writer released after its write (``why``: the protocol in words). The check then fails any such read that no
+    acquire of ``flag`` orders, even one some other synchronisation orders."""
+
+    kernel: str
+    data: str
+    flag: str
+    why: str
+
+
+@dataclass(frozen=True)
 class LayoutRejection:
     """A declared exception to the generic ``layouts`` check: on the routes matching ``routes``, tensor argument
     ``argument`` passed in layout ``layout`` (``transposed``, ``strided``, ``offset`` or ``expanded``) is rejected
@@ -410,6 +423,7 @@ class Family:
     batch_items: Sequence[BatchItems] = ()
     root: Path = field(default_factory=project_root)  # the family's repository: its paths are relative to it
     blocks: Sequence[Blocks] = ()
+    publishes: Sequence[Publish] = ()
 
     def __post_init__(self) -> None:
         missing = [d for d in self.dtypes if d not in self.tolerances]

@@ -17,6 +17,8 @@ indices themselves: unsorted ids may send two programs to one segment; the runs 
   (vector clocks, transitive). A kernel's publish protocol (a flag written with release after a partial, read
   with acquire before the partial is read) is thus checked as the kernel runs it: a wait that does not really
   guard its reads (it reads before the flag says so) leaves the read unordered in some schedule, and is reported.
+  A family may also declare the protocol (``PUBLISHES``: :class:`kernel_sentinel.family.Publish`): then a read of
+  the data argument written by another program must be ordered by an acquire of the declared flag argument itself;
   Each finding names the kernel, the two program ids, the argument, the offset and the accesses;
 - **schedules other than program order**: the programs run in reversed order and in seeded random orders, one
   at a time (a thread each), each until it finishes or **waits**: it repeats its previous access with an atomic
@@ -44,7 +46,7 @@ from __future__ import annotations
 import inspect
 import random
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy
 import torch
@@ -82,9 +84,11 @@ def _bytes_of(trace: Sequence[memory.Access]) -> tuple[numpy.ndarray, list[numpy
     return every, [numpy.searchsorted(every, t) for t in touched]
 
 
-def conflicts(launch: memory.Launch) -> list[str]:
+def conflicts(launch: memory.Launch, guards: Mapping[str, str] = {}) -> list[str]:
     """The unordered conflicting pairs of ``launch``'s recorded accesses (module doc): the first found (in
-    execution order) of each argument and pair of kinds, one line each."""
+    execution order) of each argument and pair of kinds, one line each. ``guards`` (data argument: flag argument,
+    the kernel's declared publish protocols, :class:`kernel_sentinel.family.Publish`) adds the reads of a data
+    argument's bytes written by another program that no acquire of its flag argument orders."""
     trace = [a for a in launch.trace or () if a.addresses.size]
     programs = sorted({a.program for a in trace})
     number = {p: i for i, p in enumerate(programs)}
@@ -100,16 +104,25 @@ def conflicts(launch: memory.Launch) -> list[str]:
     read = numpy.zeros((count, size), dtype=numpy.int32)  # the last plain load of each byte by each program (step)
     released: dict[int, numpy.ndarray] = {}  # byte index: the releasing program's clock
     kinds = numpy.zeros(size, dtype=numpy.int64)  # the access index of the last write (for its kind)
+    guarded = numpy.zeros((count, count), dtype=numpy.int64)  # clock through acquires of a flag argument only
     found: dict[tuple, str] = {}
     for index, (access, touched) in enumerate(zip(trace, indices)):
         q = number[access.program]
         clock[q, q] += 1
-        step = clock[q, q]
+        guarded[q, q] = step = clock[q, q]
+        name = launch.span_of(int(access.addresses[0])).name if guards else None
         if access.semantic in ACQUIRES:
             for b in touched.tolist():
                 if b in released:
                     numpy.maximum(clock[q], released[b], out=clock[q])
+                    if name in guards.values():
+                        numpy.maximum(guarded[q], released[b], out=guarded[q])
         w = writer[touched]
+        if name in guards and access.kind != "store":
+            unguarded = (w >= 0) & (w != q) & (written[touched] > guarded[q, numpy.maximum(w, 0)])
+            for b in touched[unguarded][:1].tolist():
+                _unguarded(found, launch, every[b], int(w[numpy.nonzero(unguarded)[0][0]]), q, guards[name],
+                           programs)
         earlier = (w >= 0) & (w != q) & (written[touched] > clock[q, numpy.maximum(w, 0)])
         if access.kind != "store":  # a load or an atomic conflicts with plain stores only
             earlier &= ~atomic[touched]
@@ -141,6 +154,18 @@ def _note(found: dict[tuple, str], launch: memory.Launch, address: Any, first: t
         found[key] = (f"{launch.kernel}: {first[1]} by program {programs[first[0]]} and {second[1]} by program "
                       f"{programs[second[0]]} of argument {span.name} ({span.what}) at byte {address - span.start}, "
                       f"unordered (no release and acquire between them): a race on a GPU")
+
+
+def _unguarded(found: dict[tuple, str], launch: memory.Launch, address: Any, writer: int, reader: int, flag: str,
+               programs: Sequence[tuple]) -> None:
+    """Keep the first read of each data argument that its declared flag does not guard."""
+    span = launch.span_of(int(address))
+    key = (span.name, "unguarded")
+    if key not in found:
+        found[key] = (f"{launch.kernel}: program {programs[reader]} reads argument {span.name} ({span.what}) at byte "
+                      f"{int(address) - span.start}, written by program {programs[writer]}, with no acquire of "
+                      f"{flag} ordering the read after the write: the declared publish protocol (PUBLISHES) "
+                      f"does not guard it")
 
 
 # ------------------------------------------------------------------------------------------------- schedules
@@ -300,8 +325,16 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
         return Verdict((), f"not run on {device.type}: the kernels run compiled, not under the Triton interpreter "
                            f"(`sentinel verify --device cpu` runs this check; on a GPU `--sanitize` runs "
                            f"compute-sanitizer's racecheck, for shared memory)")
+    def checked(launch: memory.Launch) -> list[str]:
+        guards = {p.data: p.flag for p in family.publishes if p.kernel == launch.kernel}
+        missing = sorted({a for pair in guards.items() for a in pair} - {s.name for s in launch.spans})
+        if missing:
+            return [f"{launch.kernel}: PUBLISHES names argument(s) {', '.join(missing)}, which this launch of it does "
+                    f"not have (its tensor arguments: {', '.join(s.name for s in launch.spans)})"]
+        return conflicts(launch, guards)
+
     want, launches = _run(family, case, None)
-    found = {c: c for launch in launches for c in conflicts(launch)}  # a finding: its line in the report
+    found = {c: c for launch in launches for c in checked(launch)}  # a finding: its line in the report
     if not launches:
         problems = ["this Triton route launched no Triton kernel under the interpreter"] if is_triton_route(
             case.route_id) else []
@@ -313,12 +346,12 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
             cause = exc.__cause__ if isinstance(exc.__cause__, Deadlock) else exc
             found.setdefault(error_text(cause), f"in {name} order: {error_text(cause)}")
             continue
-        for line in (c for launch in again for c in conflicts(launch)):
+        for line in (c for launch in again for c in checked(launch)):
             found.setdefault(line, f"{line} (in {name} order)")
         for line in differences(got, want):
             found.setdefault(line, f"in {name} order, not bitwise program order's: {line}")
     for launches_of_one in bad:
-        for line in (c for launch in launches_of_one for c in conflicts(launch)):
+        for line in (c for launch in launches_of_one for c in checked(launch)):
             found.setdefault(line, f"{line} (a bad input in device mode)")
     found = list(found.values())
     problems = found[:SHOWN] + ([f"... {len(found) - SHOWN} more"] if len(found) > SHOWN else [])
@@ -327,4 +360,12 @@ def verdict(family: Family, case: Case, device: torch.device, seed: int = 0,
     return Verdict(tuple(problems), f"{accesses} accesses in {len(launches)} launches ({kernels}) of the tiny case "
                                     f"checked for unordered conflicts between programs, in program order and "
                                     f"{', '.join(SCHEDULES)} order, outputs compared bitwise; the bad inputs in "
-                                    f"device mode checked for conflicts")
+                                    f"device mode checked for conflicts{_declared(family.publishes)}")
+
+
+def _declared(publishes: Sequence[Any]) -> str:
+    """The summary's words on the declared publish protocols (PUBLISHES), if any."""
+    if not publishes:
+        return ""
+    return "; declared protocols checked: " + ", ".join(f"{p.kernel} reads {p.data} after acquiring {p.flag}"
+                                                         for p in publishes)

@@ -22,7 +22,7 @@ from kernel_sentinel import cases, schema
 from kernel_sentinel.checks import expect, expect_close, run_route
 from kernel_sentinel.family import (SYMPTOMS, Adversarial, Aliasing, BadInput, BatchItems, Blocks, Case, Family, FailureMode,
                                     Guard, Invariant, KnownIssue, LayoutRejection, Oracle, Outputs, Problem, Property,
-                                    Tolerance, node_exists, project_root, statement_of)
+                                    Publish, Tolerance, node_exists, project_root, statement_of)
 
 SEED_RANGE = range(2**16 + 1)  # the seed each example draws
 
@@ -349,5 +349,6 @@ def family_of(module: ModuleType, root: Optional[Path] = None) -> Family:
                           for argument, layout, routes, why in getattr(module, "REJECTED_LAYOUTS", ())],
         blocks=[Blocks(_globs(routes), argument, dim, block, tuple(sizes[0]) if sizes else ("small",))
                 for routes, argument, dim, block, *sizes in getattr(module, "BLOCKS", ())],
+        publishes=[Publish(*p) for p in getattr(module, "PUBLISHES", ())],
         root=root, **fields)
 

@@ -101,6 +101,8 @@ FAMILY_NAMES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "BLOCKS": ("(routes, argument, dim, block[, sizes]) tuples",
                _sequence_of(_tuple_of(_globs, _text, lambda d: isinstance(d, int), lambda b: isinstance(b, int),
                                       _sequence_of(_text), optional=1))),
+    "PUBLISHES": ("(kernel, data argument, flag argument, why) tuples",
+                  _sequence_of(_tuple_of(_text, _text, _text, _text))),
 }
 PART_NAMES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "TREE": ("a provable_kernels.dispatch.Tree", _tree),

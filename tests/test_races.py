@@ -11,6 +11,7 @@ copy, and the unmutated sources must pass it.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -24,13 +25,13 @@ from kernel_sentinel import memory, races, registry, rows
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs the Triton interpreter (CPU)")
 
 
-def findings(run, schedule=None):
+def findings(run, schedule=None, guards={}):
     """Run ``run()`` with every access recorded (programs in ``schedule``, else program order): the conflicts
-    found in its launches."""
+    found in its launches (``guards``: declared publish protocols, data argument: flag argument)."""
     with memory.recording(schedule) as launches:
         run()
     assert launches, "no interpreted launch was recorded"
-    return [c for one in launches for c in races.conflicts(one)]
+    return [c for one in launches for c in races.conflicts(one, guards)]
 
 
 @triton.jit
@@ -155,6 +156,20 @@ def test_a_wait_removed_passes_in_program_order_and_races_in_reversed_order():
     assert out.item() == 0.0
     assert ("publish_kernel: load by program (3, 0, 0) and store by program (2, 0, 0) of argument partial_ptr ((3,) "
             "float32) at byte 8, unordered") in found[0]
+
+
+def test_a_declared_protocol_holds_only_for_the_flag_that_guards_the_reads():
+    """PUBLISHES: the partials are read after acquiring flag_ptr, so a protocol naming flag_ptr holds in every
+    schedule; one naming another argument (x_ptr: read, never released) fails the cross-program reads it does
+    not order, though the kernel has no race."""
+    for schedule in (None, races.Schedule("reversed")):
+        run, _ = published()
+        assert findings(run, schedule, {"partial_ptr": "flag_ptr"}) == []
+    run, _ = published()
+    assert findings(run, guards={"partial_ptr": "x_ptr"}) == [
+        "publish_kernel: program (3, 0, 0) reads argument partial_ptr ((3,) float32) at byte 0, written by program "
+        "(0, 0, 0), with no acquire of x_ptr ordering the read after the write: the declared publish protocol "
+        "(PUBLISHES) does not guard it"]
 
 
 def test_a_partial_stored_after_its_flag_is_a_race():
@@ -284,3 +299,21 @@ def test_planted_race_fails_races(scratch, name):
         code, last, _ = scratch.worker(family, routes, seed=0, timeout=600, checks=["races"])
     assert code == 1, last
     assert re.match(rf"{re.escape(routes[0])} \w+ races: ", last), last
+
+
+def test_segment_declares_its_publish_protocol_and_a_wrong_guard_fails_it():
+    """segment's PUBLISHES (ws_ptr guarded by flags_ptr) holds on a several-block route, which runs the protocol
+    (long chunks publish their partials); naming another argument as the flag fails it there, and naming an
+    argument the kernel lacks is reported, not a crash."""
+    family = registry.family("segment")
+    assert [(p.kernel, p.data, p.flag) for p in family.publishes] == [
+        ("segment_chunk_kernel", "ws_ptr", "flags_ptr")]
+    route = "segment.triton.sum.infer.blocked"
+    case = family.make_case(route, size="tiny", dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    verdict = races.verdict(family, case, torch.device("cpu"))
+    assert verdict.problems == () and "segment_chunk_kernel reads ws_ptr after acquiring flags_ptr" in verdict.summary
+    for flag, expected in (("offsets_ptr", "with no acquire of offsets_ptr ordering the read after the write"),
+                           ("no_such_ptr", "PUBLISHES names argument(s) no_such_ptr, which this launch")):
+        wrong = dataclasses.replace(family, publishes=[dataclasses.replace(family.publishes[0], flag=flag)])
+        problems = races.verdict(wrong, case, torch.device("cpu")).problems
+        assert problems and all(expected in p for p in problems), problems

@@ -441,6 +441,12 @@ GUARDS = (
      "one row per (segment, column).", torch_ops.first_arg),
 )
 
+PUBLISHES = (
+    ("segment_chunk_kernel", "ws_ptr", "flags_ptr",
+     "a long segment's last chunk reads the partials (and tags) of its earlier chunks only after acquiring their "
+     "flags (_wait_published), which each chunk's program released after writing its partial (_publish)"),
+)
+
 KNOWN_ISSUES = (
     "Peer issue (torch.segment_reduce): its max / min backward splits a tied gradient among the tied rows only when "
     "the upstream gradient is positive; with a negative upstream gradient every tied row receives the full gradient "
