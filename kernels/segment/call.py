@@ -37,8 +37,8 @@ X_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT32 = torch.finfo(torch.float32)  # empty reaches the kernels as two float32 halves (launch.float_halves)
 INDEX_LIMIT = 2**31 - 1  # the Triton kernels index rows and segments with int32
-# Under torch.compile(fullgraph=True) Dynamo reports this as "Unsupported: Observed exception", caused by (printed
-# first, at the top of the traceback) "ObservedValueErrorError: raised exception ValueError('<this message>')"
+# Under torch.compile(fullgraph=True) this message reaches the user inside Dynamo's error: in torch 2.11 in its own
+# text, in newer releases as the cause of "Unsupported: Observed exception" (printed first in the traceback)
 NUM_SEGMENTS_NEEDED = ("num_segments must be given with ids under torch.compile, CUDA-graph capture or fake tensors "
                        "(S = ids[-1] + 1 cannot be read from the device there): pass num_segments=S")
 
