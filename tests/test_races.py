@@ -252,7 +252,7 @@ def test_one_run_of_the_bad_inputs_serves_the_bad_input_memory_and_races_checks(
     assert shared.watch is not None and shared.watch.launches and not shared.watch.problems
     monkeypatch.setattr(rows, "_device_mode_run", lambda *args: pytest.fail("the bad inputs ran again"))
     seen = []
-    monkeypatch.setattr(races, "conflicts", lambda launch: seen.append(launch) or [])
+    monkeypatch.setattr(races, "conflicts", lambda launch, guards: seen.append(launch) or [])
     checked = rows.check_memory(run, "")
     assert checked.passed and f"and {len(shared.outcomes)} bad inputs in device mode checked" in checked.detail
     assert rows.check_races(run, "").passed
