@@ -10,8 +10,11 @@ the CPU about a third of an interpreted kernel's time. :func:`install` replaces 
 called; those names are found once per module, before any launch has patched it). Triton's ``_get_np_dtype``
 (the NumPy dtype of a Triton type, asked for every value a kernel makes) builds its table of 18 NumPy dtypes on
 every call; :func:`install` replaces it with a lookup in that table built once from Triton's own answers (any
-type not in it is asked of Triton's function). The rest of the interpreter stays as it is: the kernels run the
-same code on the same values, and results are bitwise those without it.
+type not in it is asked of Triton's function). Triton 3.6 to 3.8 turn a scalar into an index (a loop bound that is
+a runtime argument, ``range(0, ITERS)``) with ``int()`` of its one-element array, which NumPy 2.4 refuses for an
+array of rank 1 ("only 0-dimensional arrays can be converted to Python scalars"): :func:`install` squeezes it
+first, as Triton 3.9 does. The rest of the interpreter stays as it is: the kernels run the same code on the same
+values, and results are bitwise those without it.
 
 It installs only on a Triton whose interpreter has the function it replaces with the signature it expects (Triton
 3.6 to 3.9); elsewhere the interpreter runs unchanged.
@@ -70,6 +73,23 @@ def _dtype_lookup(original: Any) -> Any:
     return np_dtype
 
 
+def _index(self: Any) -> int:
+    """A scalar tensor's ``__index__`` under the interpreter: its one element, whatever the array's rank (Triton
+    3.9's own)."""
+    return int(self.handle.data.squeeze())
+
+
+def _index_squeezed(original: Any) -> Any:
+    """Triton's ``_patch_lang_tensor``, then ``__index__`` as :func:`_index` (in the same scope: restored with the
+    rest)."""
+    def patch_lang_tensor(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", _index)
+
+    patch_lang_tensor.original = original
+    return patch_lang_tensor
+
+
 def install() -> bool:
     """Use :func:`_patch_builtin` in Triton's interpreter (once per process); False, changing nothing, where the
     interpreter lacks the functions it relies on."""
@@ -89,4 +109,7 @@ def install() -> bool:
     get_np_dtype = getattr(interpreter, "_get_np_dtype", None)
     if get_np_dtype is not None and list(inspect.signature(get_np_dtype).parameters) == ["tt_dtype"]:
         interpreter._get_np_dtype = _dtype_lookup(get_np_dtype)
+    patch_lang_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_lang_tensor is not None and list(inspect.signature(patch_lang_tensor).parameters) == ["tensor", "scope"]:
+        interpreter._patch_lang_tensor = _index_squeezed(patch_lang_tensor)
     return True

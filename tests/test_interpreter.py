@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from provable_kernels import launch
 from kernel_sentinel import interpreter
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter: CPU only")
@@ -75,3 +78,29 @@ def test_install_answers_every_dtype_as_triton_does():
         assert lookup(tt_dtype) == want and type(lookup(tt_dtype)) is type(want), tt_dtype
         answered += 1
     assert answered >= 15
+
+
+@triton.jit
+def _count_kernel(out_ptr, n):
+    """out[0] = n, counted by a loop whose bound is a runtime argument (the interpreter makes n an index)."""
+    total = 0
+    for _ in range(0, n):
+        total += 1
+    tl.store(out_ptr, total)
+
+
+def test_a_runtime_loop_bound_is_an_index_on_every_numpy():
+    """Triton 3.6 to 3.8 call int() on a scalar's one-element array of rank 1, which NumPy 2.4 refuses; after
+    install the index is its element whatever the rank (Triton 3.9's rule), and a kernel looping to a runtime
+    argument counts right."""
+    import numpy
+    from types import SimpleNamespace
+
+    assert interpreter.install()
+    for data in (numpy.array(7), numpy.array([7]), numpy.array([[7]], dtype=numpy.int64)):
+        assert interpreter._index(SimpleNamespace(handle=SimpleNamespace(data=data))) == 7
+    with pytest.raises(TypeError):  # several elements are no index, as in Triton
+        interpreter._index(SimpleNamespace(handle=SimpleNamespace(data=numpy.array([7, 8]))))
+    out = torch.zeros(1, dtype=torch.int32)
+    launch.launcher(_count_kernel)[(1,)](out, 5)
+    assert out.item() == 5
