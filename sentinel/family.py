@@ -95,6 +95,13 @@ def matches(route_id: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(route_id, g) for g in globs)
 
 
+@functools.lru_cache(maxsize=128)
+def _statements(path: str, mtime_ns: int, size: int) -> tuple[ast.stmt, ...]:
+    """The top-level statements of the Python file ``path``, parsed once per version of it (its modification time
+    and size): every invariant of a family names a test in one of a few files."""
+    return tuple(ast.parse(Path(path).read_text()).body)
+
+
 def _test_function(node_id: str, root: Optional[Path] = None) -> Optional[ast.AST]:
     """The definition of the test that the pytest node id ``path.py::test_name`` (or ``path.py::TestClass::test_name``,
     a ``[param]`` suffix ignored) names, if pytest would collect it (``test*`` functions, ``Test*`` classes) from
@@ -103,7 +110,8 @@ def _test_function(node_id: str, root: Optional[Path] = None) -> Optional[ast.AS
     file = (root or project_root()) / path
     if not rest or not file.is_file():
         return None
-    scope: Sequence[ast.stmt] = ast.parse(file.read_text()).body
+    stat = file.stat()
+    scope: Sequence[ast.stmt] = _statements(str(file), stat.st_mtime_ns, stat.st_size)
     *classes, function = rest.split("[", 1)[0].split("::")
     for name in classes:
         found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == name and name.startswith("Test")]

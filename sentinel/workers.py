@@ -18,7 +18,8 @@ and wall time, summed into each GPU's :class:`Share`. With one worker in all, th
 there are workers, each on a GPU of :func:`slots` (:func:`sanitize_on`).
 
 Families are looked up by name in the workers (:func:`kernel_sentinel.registry.family`, with the parent's
-environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not).
+environment, so ``SENTINEL_FAMILY_PATH`` families work too; a family built only in the parent process does not),
+each once per worker (:func:`_family`).
 
 A unit still running after ``STALL_SECONDS`` prints, once, which unit it is and its Python stack to stderr (a
 GPU session found a single Triton compilation taking minutes that way); it keeps running.
@@ -64,6 +65,7 @@ _gpu: Gpu = None  # in a worker process: its GPU
 _measured: Any = None  # in a worker process of ``verify --coverage``: its kernel_sentinel.coverage.Measurement
 _marks: Optional[str] = None  # in a pool's worker process: where it marks the unit it runs
 _finished: Callable[[CheckResult], None] = lambda result: None  # in a unit's own process: sends each check's result
+_families: dict[str, Family] = {}  # in a worker process: the families its units ran, loaded once (_family)
 
 
 def usable_cpus() -> int:
@@ -173,10 +175,18 @@ def _run_unit(family_name: str, route_id: str, dtype: str,
             os.unlink(mark)
 
 
-def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
+def _family(name: str) -> Family:
+    """The registered family ``name``, loaded at a worker's first unit of it: loading finds every registration and
+    parses the test files its invariants name, about half a second each time."""
     from kernel_sentinel import registry
 
-    family, torch_dtype = registry.family(family_name), getattr(torch, dtype)
+    if name not in _families:
+        _families[name] = registry.family(name)
+    return _families[name]
+
+
+def _unit_result(family_name: str, route_id: str, dtype: str, unit: int) -> RouteResult | Outcome:
+    family, torch_dtype = _family(family_name), getattr(torch, dtype)
     if unit == OTHER_CHECKS:
         return verify_route(family, route_id, _other_checks(_options), dtype=torch_dtype, finished=_finished)
     run = RouteRun(family, route_id, _options, torch_dtype)

@@ -313,3 +313,18 @@ def test_declared_blocks_make_the_fixed_cases_cross_a_block_edge(package):
     assert registration.family_of(package("BLOCKS = (('toy.slow', 'x', 1, 4, ('small',)),)\n")).one_block_cases() == []
     both = registration.family_of(package("BLOCKS = (('toy.slow', 'x', -1, 4, ('small', 'tiny')),)\n"))
     assert [line.split(":")[0] for line in both.one_block_cases()] == ["toy.slow (tiny)"]
+
+
+def test_an_invariants_statement_is_read_again_when_its_test_file_changes(tmp_path):
+    """Test files are parsed once per version (modification time and size): an edited docstring is what the next
+    lookup reads."""
+    from kernel_sentinel.family import statement_of
+
+    test_file = tmp_path / "tests" / "test_x.py"
+    test_file.parent.mkdir()
+    test_file.write_text('def test_a():\n    """It holds."""\n')
+    assert statement_of("tests/test_x.py::test_a", tmp_path) == "It holds."
+    assert statement_of("tests/test_x.py::test_a", tmp_path) == "It holds."
+    test_file.write_text('def test_a():\n    """It holds, and more."""\n')
+    assert statement_of("tests/test_x.py::test_a", tmp_path) == "It holds, and more."
+    assert statement_of("tests/test_x.py::test_b", tmp_path) is None

@@ -830,3 +830,16 @@ def test_planted_short_search_step_fails_guards():
         "segment", route, "guards", "kernels/segment/triton_segment.py", r"step = \(hi - lo \+ FAN - 1\) // FAN",
         "FAN - 1", "FAN - 2")
     assert planted_last.startswith(f"{route} float32 guards: N = 1 (mod 32) rows in the ids form"), planted_last
+
+
+def test_a_worker_loads_each_family_once(monkeypatch):
+    """A worker process loads a family at its first unit of it and keeps it for the next ones (loading finds every
+    registration and parses its invariants' test files: half a second a unit before)."""
+    from kernel_sentinel import registry, workers
+
+    loaded = []
+    real = registry.family
+    monkeypatch.setattr(workers, "_families", {})
+    monkeypatch.setattr(registry, "family", lambda name: loaded.append(name) or real(name))
+    first = workers._family("sinkhorn")
+    assert workers._family("sinkhorn") is first and first.name == "sinkhorn" and loaded == ["sinkhorn"]
