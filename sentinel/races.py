@@ -84,11 +84,12 @@ def _bytes_of(trace: Sequence[memory.Access]) -> tuple[numpy.ndarray, list[numpy
     return every, [numpy.searchsorted(every, t) for t in touched]
 
 
-def conflicts(launch: memory.Launch, guards: Mapping[str, str] = {}) -> list[str]:
+def conflicts(launch: memory.Launch, guards: Optional[Mapping[str, str]] = None) -> list[str]:
     """The unordered conflicting pairs of ``launch``'s recorded accesses (module doc): the first found (in
     execution order) of each argument and pair of kinds, one line each. ``guards`` (data argument: flag argument,
     the kernel's declared publish protocols, :class:`kernel_sentinel.family.Publish`) adds the reads of a data
     argument's bytes written by another program that no acquire of its flag argument orders."""
+    guards = guards or {}
     trace = [a for a in launch.trace or () if a.addresses.size]
     programs = sorted({a.program for a in trace})
     number = {p: i for i, p in enumerate(programs)}
@@ -104,25 +105,28 @@ def conflicts(launch: memory.Launch, guards: Mapping[str, str] = {}) -> list[str
     read = numpy.zeros((count, size), dtype=numpy.int32)  # the last plain load of each byte by each program (step)
     released: dict[int, numpy.ndarray] = {}  # byte index: the releasing program's clock
     kinds = numpy.zeros(size, dtype=numpy.int64)  # the access index of the last write (for its kind)
-    guarded = numpy.zeros((count, count), dtype=numpy.int64)  # clock through acquires of a flag argument only
+    # per flag argument: the clock advanced only through acquires of that flag (and each program's own steps)
+    guarded = {flag: numpy.zeros((count, count), dtype=numpy.int64) for flag in set(guards.values())}
     found: dict[tuple, str] = {}
     for index, (access, touched) in enumerate(zip(trace, indices)):
         q = number[access.program]
         clock[q, q] += 1
-        guarded[q, q] = step = clock[q, q]
+        step = clock[q, q]
+        for own in guarded.values():
+            own[q, q] = step
         name = launch.span_of(int(access.addresses[0])).name if guards else None
         if access.semantic in ACQUIRES:
             for b in touched.tolist():
                 if b in released:
                     numpy.maximum(clock[q], released[b], out=clock[q])
-                    if name in guards.values():
-                        numpy.maximum(guarded[q], released[b], out=guarded[q])
+                    if name in guarded:
+                        numpy.maximum(guarded[name][q], released[b], out=guarded[name][q])
         w = writer[touched]
         if name in guards and access.kind != "store":
-            unguarded = (w >= 0) & (w != q) & (written[touched] > guarded[q, numpy.maximum(w, 0)])
-            for b in touched[unguarded][:1].tolist():
-                _unguarded(found, launch, every[b], int(w[numpy.nonzero(unguarded)[0][0]]), q, guards[name],
-                           programs)
+            order = guarded[guards[name]]
+            hit = numpy.flatnonzero((w >= 0) & (w != q) & (written[touched] > order[q, numpy.maximum(w, 0)]))
+            if hit.size:
+                _unguarded(found, launch, every[touched[hit[0]]], int(w[hit[0]]), q, guards[name], programs)
         earlier = (w >= 0) & (w != q) & (written[touched] > clock[q, numpy.maximum(w, 0)])
         if access.kind != "store":  # a load or an atomic conflicts with plain stores only
             earlier &= ~atomic[touched]
