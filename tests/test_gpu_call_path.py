@@ -62,12 +62,15 @@ def _segment_inputs(rng: random.Random, big: bool) -> dict:
 FAMILIES = {
     "semicrf": Family(_semicrf_inputs, lambda a: semi_crf_streaming_forward(**a), 1, 2),
     "sinkhorn": Family(_sinkhorn_inputs, lambda a: sinkhorn(a["x"], 20, "log"), 1, 2),
+    # the residuals come from the forward's own launch
+    "sinkhorn-residual": Family(_sinkhorn_inputs, lambda a: sinkhorn(a["x"], 20, "prob", return_residual=True)[0],
+                                1, 2),
     "segment": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "max", offsets=a["offsets"]), 1, 2),
     "segment-ids": Family(_segment_inputs, lambda a: segment_reduce(a["x"], "sum", ids=a["ids"],
                                                                     num_segments=a["num_segments"]), 1, 2),
 }
-FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "segment": ("x",),
-          "segment-ids": ("x",)}
+FLOATS = {"semicrf": ("cum_scores", "transition", "duration_bias"), "sinkhorn": ("x",), "sinkhorn-residual": ("x",),
+          "segment": ("x",), "segment-ids": ("x",)}
 
 
 def _with_grad(family: str, inputs: dict) -> dict:

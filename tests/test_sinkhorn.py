@@ -16,7 +16,7 @@ from provable_kernels.dispatch import recording
 from provable_kernels.sinkhorn import FusedMHC, SinkhornKnopp, sinkhorn
 from provable_kernels.sinkhorn import autograd as ops
 from provable_kernels.sinkhorn import triton_ops
-from provable_kernels.sinkhorn.oracle import sinkhorn_oracle
+from provable_kernels.sinkhorn.oracle import residual_oracle, sinkhorn_oracle
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: masked-off lanes divide by 0
 
@@ -184,6 +184,7 @@ def test_modules():
     assert taken == ["sinkhorn.triton.prob.infer", "sinkhorn.triton.log.infer"]
     torch.testing.assert_close(a.double().cpu(), sinkhorn_oracle(x.cpu(), 3, "prob", 1e-4), atol=2e-5, rtol=0)
     assert b.dtype == torch.bfloat16
+    assert torch.equal(SinkhornKnopp(3, "prob", 1e-4, return_residual=True)(x)[0], a)
     with pytest.raises(ValueError, match="^mhc_iters"):
         FusedMHC(0)
     with pytest.raises(ValueError, match="^domain"):
@@ -210,6 +211,38 @@ def test_bad_inputs(args, error, message):
     """Every wrong argument raises ValueError/TypeError naming it."""
     with pytest.raises(error, match=message):
         sinkhorn(*args)
+    with pytest.raises(TypeError, match="^return_residual must be a bool"):
+        sinkhorn(torch.zeros(2, 2), return_residual=1)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("domain", ["log", "prob"])
+@pytest.mark.parametrize("shape, iters", [((2, 3, 5, 5), 2), ((4, 4), 1), ((3, 8, 8), 6), ((0, 3, 3), 2)])
+def test_the_residual_against_the_float64_loop(shape, iters, domain, use_triton):
+    """``return_residual=True``: each matrix's largest |line sum - 1|, shaped like the leading dims, in float32,
+    against the float64 loop's; the output and its gradient are those of the call without it, and the residual
+    has no gradient."""
+    x = logits(shape, seed=5).requires_grad_()
+    out, res = sinkhorn(x, iters, domain, 1e-3, use_triton=use_triton, return_residual=True)
+    plain = sinkhorn(x, iters, domain, 1e-3, use_triton=use_triton)
+    assert res.shape == shape[:-2] and res.dtype == torch.float32 and not res.requires_grad
+    expected = residual_oracle(sinkhorn_oracle(x.detach(), iters, domain, 1e-3))
+    torch.testing.assert_close(res.double(), expected, atol=2e-6 * shape[-1], rtol=0)
+    assert torch.equal(out, plain)
+    g = logits(shape, seed=6)
+    assert torch.equal(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(plain, x, g)[0])
+    if shape[0] and iters == 1 and domain == "log":  # one step is far from converged: the residual shows it
+        assert float(res.min()) > 1e-3
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_the_residual_of_a_bad_matrix_is_nan_in_device_mode(use_triton):
+    x = logits((3, 4, 4), seed=4)
+    x[1, 2, 0] = float("nan")
+    with validate.value_checks("device"):
+        out, res = sinkhorn(x, 3, "log", use_triton=use_triton, return_residual=True)
+    assert res[1].isnan() and torch.isfinite(res[[0, 2]]).all()
+    assert torch.equal(res[[0, 2]], sinkhorn(x[[0, 2]], 3, "log", use_triton=use_triton, return_residual=True)[1])
 
 
 @pytest.mark.parametrize("use_triton", [True, False])
@@ -239,6 +272,7 @@ def test_opcheck_custom_ops(domain):
     """The custom ops pass torch.library.opcheck and run under torch.compile(fullgraph=True)."""
     x = logits((3, 3, 3), seed=2).requires_grad_()
     torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_forward, (x, 2, domain, 1e-3))
+    torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_forward_residual, (x, 2, domain, 1e-3))
     g = logits((3, 3, 3), seed=3)
     torch.library.opcheck(torch.ops.provable_kernels.sinkhorn_backward, (g, x.detach(), 2, domain, 1e-3))
 
@@ -289,6 +323,12 @@ def test_compile_fullgraph_of_the_public_function_equals_eager():
     (eager_grad,) = torch.autograd.grad(eager, x, g)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     torch.testing.assert_close(compiled_grad, eager_grad, rtol=0, atol=0)
+    with_residual = torch.compile(lambda t: sinkhorn(t, 2, "log", return_residual=True), fullgraph=True,
+                                  backend="aot_eager")
+    out, res = with_residual(x)
+    torch.testing.assert_close((out, res), sinkhorn(x, 2, "log", return_residual=True), rtol=0, atol=0)
+    (residual_grad,) = torch.autograd.grad(out, x, g)
+    torch.testing.assert_close(residual_grad, eager_grad, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("n", [4, 6])

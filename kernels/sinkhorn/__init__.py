@@ -1,6 +1,7 @@
 """Sinkhorn-Knopp normalisation: doubly-stochastic matrices from logits, batched, in two domains.
 
-``sinkhorn(x, iters=20, domain="log", eps=1e-6)`` maps ``x`` (..., n, n) to the same shape and dtype.
+``sinkhorn(x, iters=20, domain="log", eps=1e-6)`` maps ``x`` (..., n, n) to the same shape and dtype
+(``return_residual=True``: also each matrix's convergence residual, from the same launch).
 ``"log"``: clamp at -1e5, then ``iters`` row and column log-normalisations, then ``exp``. ``"prob"``:
 softmax over rows plus ``eps``, a column division, then ``iters - 1`` row and column divisions (each by the sum
 plus ``eps``). Math in float32 (float64 for float64); gradients are exact for the finite loop. The Triton

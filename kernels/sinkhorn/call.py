@@ -1,8 +1,9 @@
 """The Sinkhorn call every route receives, and its validation (imports no backend).
 
-``sinkhorn(x, iters=20, domain="log", eps=1e-6)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
+``sinkhorn(x, iters=20, domain="log", eps=1e-6, *, use_triton=True, return_residual=False)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
 any number of leading dims (none included), n >= 1; ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``;
-``eps`` 0 or a real number in float32's normal range 2**-126 .. 2**127 (used by ``"prob"`` only). -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
+``eps`` 0 or a real number in float32's normal range 2**-126 .. 2**127 (used by ``"prob"`` only); ``use_triton``
+and ``return_residual`` bools. -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
 policy (:func:`validate.host_reads_allowed`): in host mode a ``ValueError`` (one host read, before any work); in
 device mode no check here: every backend returns NaN for each matrix that holds one, and NaN gradients for it.
 """
@@ -21,14 +22,15 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1.5 us more host time per construction
 class SinkhornCall:
-    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``. Read-only by
-    convention."""
+    """A validated call: ``x`` (..., n, n), ``iters`` >= 1, ``domain``, ``eps`` >= 0, ``use_triton``,
+    ``residual`` (the routes return ``(out, residual)``). Read-only by convention."""
 
     x: torch.Tensor
     iters: int
     domain: str
     eps: float
     use_triton: bool
+    residual: bool = False
 
     @property
     def n(self) -> int:
@@ -36,7 +38,7 @@ class SinkhornCall:
 
 
 def check(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
-          use_triton: object = True) -> tuple[int, str, float]:
+          use_triton: object = True, return_residual: object = False) -> tuple[int, str, float]:
     """The metadata checks of a call (shapes, dtypes and types; no values read), naming the argument on error;
     returns ``(iters, domain, eps)`` normalised."""
     x = validate.tensor("x", x, dtypes=DTYPES)
@@ -55,24 +57,26 @@ def check(x: object, iters: object = 20, domain: object = "log", eps: object = 1
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     if eps and not 2.0 ** -126 <= eps <= 2.0 ** 127:  # the kernels take eps as float32 halves
         raise ValueError(f"eps must be 0 or lie in 2**-126 .. 2**127 (float32's normal range), got {eps}")
-    if not isinstance(use_triton, bool):
-        raise TypeError(f"use_triton must be a bool, got {type(use_triton).__name__}")
+    for name, flag in (("use_triton", use_triton), ("return_residual", return_residual)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     return iters, domain, eps
 
 
 def bind(meta: tuple[int, str, float], x: torch.Tensor, iters: object, domain: object, eps: object,
-         use_triton: bool) -> SinkhornCall:
+         use_triton: bool, return_residual: bool = False) -> SinkhornCall:
     """The call of arguments that passed :func:`check` (``meta``: its result), after the value checks of the
     host-sync policy (NaN/+inf in ``x``: one host read in host mode only, see the module docstring)."""
     if validate.host_reads_allowed(x):  # host mode: one host read, a named error before any work
         validate.finite("x", x, allow_neg_inf=True)
-    return SinkhornCall(x, *meta, use_triton)
+    return SinkhornCall(x, *meta, use_triton, return_residual)
 
 
 def make_call(x: object, iters: object = 20, domain: object = "log", eps: object = 1e-6,
-              use_triton: object = True) -> SinkhornCall:
+              use_triton: object = True, return_residual: object = False) -> SinkhornCall:
     """Validate the arguments (:func:`check`, then :func:`bind`) and return the call."""
-    return bind(check(x, iters, domain, eps, use_triton), x, iters, domain, eps, use_triton)
+    meta = check(x, iters, domain, eps, use_triton, return_residual)
+    return bind(meta, x, iters, domain, eps, use_triton, return_residual)
 
 
 require_call = validate.requirer(SinkhornCall, "provable_kernels.sinkhorn.call.make_call")

@@ -48,48 +48,53 @@ GRAD = Condition("grad", ask_grad, ("infer", "train"))
 # ------------------------------------------------------------------------------------------------ route bodies
 
 
-def triton_infer(call: SinkhornCall) -> torch.Tensor:
+def _triton_forward(call: SinkhornCall):
+    """The forward op, or with ``call.residual`` the op that also returns the residuals."""
+    op = autograd.sinkhorn_forward_residual if call.residual else autograd.sinkhorn_forward
+    return op(call.x, call.iters, call.domain, call.eps)
+
+
+def triton_infer(call: SinkhornCall):
     """Fused Triton forward (several matrices per program; the log domain in scaling form: one exp per entry,
     then divisions). No autograd graph."""
     call = require_call(call)
     with torch.no_grad():
-        return autograd.sinkhorn_forward(call.x, call.iters, call.domain, call.eps)
+        return _triton_forward(call)
 
 
 def prepare_triton_infer(call: SinkhornCall, args: tuple):
     """The direct runner of :func:`triton_infer` for every call with ``call``'s signature (a function of
     :func:`sinkhorn`'s arguments), its launch made once."""
-    forward = autograd.prepare_forward(call.x, call.iters, call.domain, call.eps)
+    forward = autograd.prepare_forward(call.x, call.iters, call.domain, call.eps, call.residual)
     return lambda x, *settings: forward(x)
 
 
 def prepare_triton_train(call: SinkhornCall, args: tuple):
     """The direct runner of :func:`triton_train` for every call with ``call``'s signature: one autograd function,
     both launches made once."""
-    train = autograd.prepare_train(call.x, call.iters, call.domain, call.eps)
+    train = autograd.prepare_train(call.x, call.iters, call.domain, call.eps, call.residual)
     return lambda x, *settings: train(x)
 
 
-def triton_train(call: SinkhornCall) -> torch.Tensor:
+def triton_train(call: SinkhornCall):
     """Fused Triton forward as a custom op whose backward is the hand-written Triton kernel: it replays the
     forward on chip from ``x`` and stores nothing per iteration."""
-    call = require_call(call)
-    return autograd.sinkhorn_forward(call.x, call.iters, call.domain, call.eps)
+    return _triton_forward(require_call(call))
 
 
-def torch_infer(call: SinkhornCall) -> torch.Tensor:
+def torch_infer(call: SinkhornCall):
     """PyTorch loop of the convention in float32 (float64 for float64), no autograd graph."""
     call = require_call(call)
     with torch.no_grad():
         return torch_ops.sinkhorn(call)
 
 
-def torch_train(call: SinkhornCall) -> torch.Tensor:
+def torch_train(call: SinkhornCall):
     """PyTorch loop of the convention, differentiated by autograd (memory O(iters * n^2) per matrix)."""
     return torch_ops.sinkhorn(require_call(call))
 
 
-def torch_large(call: SinkhornCall) -> torch.Tensor:
+def torch_large(call: SinkhornCall):
     """n above the Triton tile limit: the PyTorch loop (autograd when ``x`` requires grad), either domain."""
     return torch_ops.sinkhorn(require_call(call))
 
@@ -119,7 +124,7 @@ ENTRY = Entry(TREE, check, bind)
 
 
 def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float = 1e-6, *,
-             use_triton: bool = True) -> torch.Tensor:
+             use_triton: bool = True, return_residual: bool = False):
     """Doubly-stochastic matrices from logits ``x`` (..., n, n); returns the same shape and dtype.
 
     ``domain="log"``: ``w = max(x, -1e5)`` (its gradient flows where ``x >= -1e5`` and is zero below), then
@@ -130,21 +135,26 @@ def sinkhorn(x: torch.Tensor, iters: int = 20, domain: str = "log", eps: float =
     of this finite loop. An all -inf row is uniform after its first row step (log) or softmaxes to 1/n (prob);
     with ``eps = 0`` a zero row or column sum divides by 1. NaN or +inf in ``x``: ``ValueError`` in host mode
     (CPU tensors, or inside ``validate.value_checks("sync")``; one host read); in device mode (CUDA, compile,
-    capture; no host read) each matrix holding one comes out NaN, with NaN gradients, and the others are exact. ``use_triton=False`` forces the PyTorch backend.
+    capture; no host read) each matrix holding one comes out NaN, with NaN gradients, and the others are exact.
+    ``use_triton=False`` forces the PyTorch backend. ``return_residual=True`` returns ``(out, residual)``:
+    ``residual`` (...) holds each matrix's convergence residual, the largest of ``|row sum - 1|`` and
+    ``|column sum - 1|`` over its lines, computed from the same launch in float32 (float64 for float64 inputs)
+    before the output is rounded to ``x``'s dtype; NaN for a matrix holding NaN or +inf; no gradient.
     """
-    return ENTRY(x, iters, domain, eps, use_triton)
+    return ENTRY(x, iters, domain, eps, use_triton, return_residual)
 
 
 class SinkhornKnopp(nn.Module):
-    """``sinkhorn(x, iters, domain, eps)`` as a module (no parameters)."""
+    """``sinkhorn(x, iters, domain, eps, return_residual=return_residual)`` as a module (no parameters)."""
 
-    def __init__(self, iters: int = 20, domain: str = "log", eps: float = 1e-6):
+    def __init__(self, iters: int = 20, domain: str = "log", eps: float = 1e-6, return_residual: bool = False):
         super().__init__()
-        make_call(torch.zeros(1, 1), iters, domain, eps)  # validate the settings now, not at the first call
-        self.iters, self.domain, self.eps = iters, domain, eps
+        # validate the settings now, not at the first call
+        make_call(torch.zeros(1, 1), iters, domain, eps, return_residual=return_residual)
+        self.iters, self.domain, self.eps, self.return_residual = iters, domain, eps, return_residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return sinkhorn(x, self.iters, self.domain, self.eps)
+    def forward(self, x: torch.Tensor):
+        return sinkhorn(x, self.iters, self.domain, self.eps, return_residual=self.return_residual)
 
 
 

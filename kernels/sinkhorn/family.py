@@ -3,8 +3,9 @@
 ``SinkhornKnopp`` or the ``FusedMHC`` module), the float64 loop as reference, the float64 scaling-form derivation
 as oracle, tolerances per dtype, properties, guards and bad inputs.
 
-Outputs of a route, by name: ``out`` (the matrices, shaped like ``x``) and, for training routes, ``grad_x``
-(weights ``Case.upstream["out"]``, shaped like ``out``).
+Outputs of a route, by name: ``out`` (the matrices, shaped like ``x``), ``residual`` (each matrix's convergence
+residual, shaped like ``x``'s leading dims: the cases with ``return_residual=True``) and, for training routes,
+``grad_x`` (weights ``Case.upstream["out"]``, shaped like ``out``).
 """
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ import torch
 from provable_kernels.sinkhorn import torch_ops, triton_ops, triton_sinkhorn
 from provable_kernels.sinkhorn.call import make_call
 from provable_kernels.sinkhorn.dispatch import TREE, FusedMHC, SinkhornKnopp, sinkhorn
-from provable_kernels.sinkhorn.oracle import sinkhorn_oracle, sinkhorn_scaling_oracle
+from provable_kernels.sinkhorn.oracle import residual_oracle, sinkhorn_oracle, sinkhorn_scaling_oracle
 
 
-def sinkhorn_knopp(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
-    """What a user of the module runs: ``SinkhornKnopp(iters, domain, eps)(x)``."""
-    return SinkhornKnopp(iters, domain, eps)(x)
+def sinkhorn_knopp(x: torch.Tensor, iters: int, domain: str, eps: float, return_residual: bool = False):
+    """What a user of the module runs: ``SinkhornKnopp(iters, domain, eps, return_residual)(x)``."""
+    return SinkhornKnopp(iters, domain, eps, return_residual)(x)
 
 
 def fused_mhc(x: torch.Tensor, mhc_iters: int) -> torch.Tensor:
@@ -45,8 +46,9 @@ _LARGE = triton_ops.MAX_N + 1  # the large route needs n > MAX_N
 
 # A problem: leading dims, n, iterations; logits ~ N(0, 1), or on a grid of 1/8 in [-4, 4] (``grid``: exact in
 # every dtype, also after adding an integer row shift). small: 12 matrices of n = 5 (padded to 8; the interpreter
-# packs them into one program of 16, so a partial block and masked lanes run); tiny: 2 matrices of n = 3.
-SIZES = {"small": dict(lead=(3, 4), n=5, iters=3), "tiny": dict(lead=(2,), n=3, iters=2)}
+# packs them into one program of 16, so a partial block and masked lanes run), with the residuals
+# (``return_residual=True`` where the entry point takes it); tiny: 2 matrices of n = 3.
+SIZES = {"small": dict(lead=(3, 4), n=5, iters=3, residual=True), "tiny": dict(lead=(2,), n=3, iters=2)}
 
 
 def fit(route_id: str, p: Any, device: torch.device) -> dict:
@@ -65,39 +67,49 @@ def case(route_id: str, p: Any, gen: torch.Generator, device: torch.device) -> t
         "x": x, "iters": p.iters, "domain": path.get("domain", "log"), "eps": _EPS}
     if entry == "sinkhorn":
         kwargs["use_triton"] = path["backend"] == "triton"
+    if p.get("residual") and entry != "FusedMHC":
+        kwargs["return_residual"] = True
     train = path.get("grad", "train") == "train"
     return entry, kwargs, {"out": torch.randn(size, generator=gen, dtype=torch.float64)} if train else {}
 
 
-def outputs(result: torch.Tensor, case: Any) -> dict:
-    return {"out": result}
+def outputs(result: Any, case: Any) -> dict:
+    """``out``, and ``residual`` when the case asked for it (the route returned a pair)."""
+    return {"out": result[0], "residual": result[1]} if case.kwargs.get("return_residual") else {"out": result}
 
 
 def _settings(kw: dict) -> tuple[int, str, float]:
     return (kw["mhc_iters"], "log", 0.0) if "mhc_iters" in kw else (kw["iters"], kw["domain"], kw["eps"])
 
 
+def _with_residual(out: torch.Tensor, kw: dict) -> dict:
+    return {"out": out, "residual": residual_oracle(out)} if kw.get("return_residual") else {"out": out}
+
+
 def reference(kw: dict, case: Any) -> dict:
-    """The plain float64 loop of the convention (``oracle.sinkhorn_oracle``)."""
-    return {"out": sinkhorn_oracle(kw["x"], *_settings(kw))}
+    """The plain float64 loop of the convention (``oracle.sinkhorn_oracle``), and its residuals
+    (``oracle.residual_oracle``) when asked for."""
+    return _with_residual(sinkhorn_oracle(kw["x"], *_settings(kw)), kw)
 
 
 def scaling_form(kw: dict, case: Any) -> dict:
     """The matrix-scaling derivation (``P = diag(r) K diag(c)``, divisions only) in float64: the reformulation the
     Triton kernels compute, checked against the same outputs."""
-    return {"out": sinkhorn_scaling_oracle(kw["x"], *_settings(kw))}
+    return _with_residual(sinkhorn_scaling_oracle(kw["x"], *_settings(kw)), kw)
 
 
 ORACLES = (("scaling form (float64)", "small", scaling_form),)
-BATCH_ITEMS = (("a matrix", _ALL, dict.fromkeys(("x", "out", "grad_x"), (0, -3))),)  # the leading dims flattened
+BATCH_ITEMS = (("a matrix", _ALL, {**dict.fromkeys(("x", "out", "grad_x"), (0, -3)), "residual": (0, -1)}),)
 
 
 # ---------------------------------------------------------------------------------------------- properties
 
 
 def example(pick: Any) -> dict:
-    """Leading dims ((), (1,), (3,) or (2, 1)), n in 1..6, iters in 1..3, logits on the grid."""
-    return dict(lead=pick([(), (1,), (3,), (2, 1)]), n=pick(range(1, 7)), iters=pick(range(1, 4)), grid=True)
+    """Leading dims ((), (1,), (3,) or (2, 1)), n in 1..6, iters in 1..3, logits on the grid, with or without the
+    residuals."""
+    return dict(lead=pick([(), (1,), (3,), (2, 1)]), n=pick(range(1, 7)), iters=pick(range(1, 4)), grid=True,
+                residual=pick([False, True]))
 
 
 def _out(check: Any, case: Any) -> torch.Tensor:
@@ -134,10 +146,24 @@ def column_sums(check: Any, case: Any) -> None:
                  f"column sums {sums.flatten().tolist()} outside [{low}, 1] (eps bound)")
 
 
+def residual_of_output(check: Any, case: Any) -> None:
+    """With ``return_residual=True`` the residual is the largest ``|line sum - 1|`` of the output returned, within
+    the dtype's tolerance per entry of a line (the output is rounded to ``x``'s dtype after the residual is
+    taken), and the output is the one returned without it."""
+    got = check.forward(case.with_kwargs(f"{case.description}; return_residual=True", return_residual=True))
+    out = got["out"].detach().double().cpu()
+    slack = (check.tolerance.atol + check.tolerance.rtol) * case.problem.n
+    check.close("residual against the output's line sums", got["residual"].double().cpu(), residual_oracle(out),
+                (slack, 0.0))
+    plain = _out(check, case.with_kwargs(case.description, return_residual=False))
+    check.expect(torch.equal(out, plain), "the output with return_residual=True differs from the one without it")
+
+
 PROPERTIES = (
     ("adding a constant to a row leaves the output unchanged", _ALL, row_shift),
     ("permuting rows and columns permutes the output", _ALL, permutation),
     ("column sums after the last column step: 1 (log), within the eps bound (prob)", _ALL, column_sums),
+    ("the residual is the largest line-sum deviation of the output", _WITH_DOMAIN, residual_of_output),
 )
 FINITE_DIFFERENCES = ("sinkhorn.*.train", "sinkhorn.torch.large")
 

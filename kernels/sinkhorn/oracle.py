@@ -74,3 +74,12 @@ def sinkhorn_scaling_oracle(x: torch.Tensor, iters: int, domain: str, eps: float
 def _scaled(v: torch.Tensor, total: torch.Tensor, eps: float) -> torch.Tensor:
     """``v / (v * total + eps)``: one division step on a scaling vector (a zero denominator divides by 1)."""
     return v / _nonzero(v * total + eps)
+
+
+def residual_oracle(p: torch.Tensor) -> torch.Tensor:
+    """The convergence residual of each matrix of ``p`` (..., n, n) in float64: the largest ``|row sum - 1|`` and
+    ``|column sum - 1|`` over its lines; shape ``p.shape[:-2]``."""
+    p = p.detach().to(torch.float64)
+    rows = (p.sum(dim=-1) - 1.0).abs().amax(dim=-1)
+    cols = (p.sum(dim=-2) - 1.0).abs().amax(dim=-1)
+    return torch.maximum(rows, cols)

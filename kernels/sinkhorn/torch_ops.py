@@ -62,12 +62,21 @@ def _prob(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return p
 
 
-def sinkhorn(call: SinkhornCall) -> torch.Tensor:
-    """The output in ``x``'s dtype; builds an autograd graph when grad mode is on and ``x`` requires grad. A matrix
-    holding NaN or +inf comes out NaN, and so does its gradient (as on the Triton route); the others are exact."""
+def residual(p: torch.Tensor) -> torch.Tensor:
+    """Each matrix's convergence residual, ``max(max_i |sum_j p_ij - 1|, max_j |sum_i p_ij - 1|)``, shape
+    ``p.shape[:-2]``, without a gradient."""
+    p = p.detach()
+    return torch.maximum((p.sum(-1) - 1).abs().amax(-1), (p.sum(-2) - 1).abs().amax(-1))
+
+
+def sinkhorn(call: SinkhornCall):
+    """The output in ``x``'s dtype, and with ``call.residual`` the pair ``(out, residual)`` (the residual in the
+    compute dtype, from the output before it is rounded to ``x``'s dtype); builds an autograd graph when grad mode
+    is on and ``x`` requires grad. A matrix holding NaN or +inf comes out NaN, and so do its gradient and residual
+    (as on the Triton route); the others are exact."""
     call = require_call(call)
     x = call.x.to(compute_dtype(call.x.dtype))
     ok = x.detach().amax((-2, -1), keepdim=True) < float("inf")  # per matrix; NaN fails the comparison too
     x = validate.poison(ok, x)  # NaN through every entry of a bad matrix, and through its whole gradient
-    out = _log(x, call.iters) if call.domain == "log" else _prob(x, call.iters, call.eps)
-    return validate.poison(ok, out).to(call.x.dtype)
+    out = validate.poison(ok, _log(x, call.iters) if call.domain == "log" else _prob(x, call.iters, call.eps))
+    return (out.to(call.x.dtype), residual(out)) if call.residual else out.to(call.x.dtype)

@@ -1,7 +1,7 @@
 """Triton host side: launch plan, allocation (through :mod:`provable_kernels.alloc`) and launches.
 
 Inputs are (B, n, n) contiguous tensors; outputs and input gradients are fresh (B, n, n) tensors of the input's
-dtype. ``MAX_N`` is the largest n the kernels hold (one 64 x 64 matrix per program); larger n take the PyTorch
+dtype, residuals fresh (B,) tensors of the compute dtype (float32, or float64 for float64 inputs). ``MAX_N`` is the largest n the kernels hold (one 64 x 64 matrix per program); larger n take the PyTorch
 route of the dispatch tree.
 """
 from __future__ import annotations
@@ -75,21 +75,24 @@ def _checked(x: torch.Tensor) -> tuple[int, int]:
 
 
 class Launch:
-    """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, dtype, iters, domain,
-    eps)(*tensors)`` launches the log or prob kernel of the pair ``kernels`` (forward or backward) on ``tensors``
-    (its leading arguments: ``x, out`` or ``x, grad, gx``). The plan, options and launcher are made once, so that a
+    """One kernel launch of a given shape and setting: ``Launch(kernels, B, n, dtype, iters, domain, eps,
+    residual)(*tensors)`` launches the log or prob kernel of the pair ``kernels`` (forward or backward) on
+    ``tensors`` (its leading arguments: ``x, out, res`` or ``x, grad, gx``; the forward stores the residuals in
+    ``res`` only with ``residual``, and ``res`` may be ``out`` without it). The plan, options and launcher are made once, so that a
     public call with a signature seen before only allocates and launches (:mod:`provable_kernels.runtime`,
     :class:`provable_kernels.launch.Bound`)."""
 
     __slots__ = ("bound",)
 
     def __init__(self, kernels_pair: tuple, B: int, n: int, dtype: torch.dtype, iters: int,
-                 domain: str, eps: float):
+                 domain: str, eps: float, residual: bool = False):
         log_kernel, prob_kernel = kernels_pair
         p = plan(B, n)
         f64 = dtype == torch.float64
         common = dict(N=n, NB=p.NB, BM=p.BM, F64=f64, num_warps=p.num_warps)
         steps: tuple = (iters,)
+        if log_kernel is kernels.log_forward_kernel:
+            common.update(RESIDUAL=residual)
         if log_kernel is kernels.log_backward_kernel:  # the scalings of every STRIDE-th step are kept in CP slots
             stride = _stride(iters, p.NB)
             common.update(CP=triton.next_power_of_2(triton.cdiv(iters, stride)))
@@ -109,26 +112,25 @@ FORWARD = (kernels.log_forward_kernel, kernels.prob_forward_kernel)
 BACKWARD = (kernels.log_backward_kernel, kernels.prob_backward_kernel)
 
 
-def forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> torch.Tensor:
-    """Sinkhorn of every matrix of ``x`` (B, n, n) contiguous; returns a fresh (B, n, n) in ``x``'s dtype."""
-    B, n = _checked(x)
-    out = alloc.empty_like(x)
-    if B:
-        Launch(FORWARD, B, n, x.dtype, iters, domain, eps)(x, out)
-    return out
+def forward(x: torch.Tensor, iters: int, domain: str, eps: float, residual: bool = False):
+    """Sinkhorn of every matrix of ``x`` (B, n, n) contiguous: a fresh (B, n, n) in ``x``'s dtype, and with
+    ``residual`` the pair ``(out, res)`` with each matrix's convergence residual ``res`` (B,) from the same launch."""
+    return prepare_forward(x, iters, domain, eps, residual)(x)
 
 
-def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+def prepare_forward(x: torch.Tensor, iters: int, domain: str, eps: float, residual: bool = False) -> Callable:
     """:func:`forward` for every ``x`` with this one's shape, strides, dtype and device, as a function of ``x``
     (its launch made once: :class:`Launch`)."""
     B, n = _checked(x)
-    run = Launch(FORWARD, B, n, x.dtype, iters, domain, eps) if B else None
+    run = Launch(FORWARD, B, n, x.dtype, iters, domain, eps, residual) if B else None
+    res_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
 
-    def forward_prepared(x: torch.Tensor) -> torch.Tensor:
+    def forward_prepared(x: torch.Tensor):
         out = alloc.empty_like(x)
+        res = alloc.empty((x.shape[0],), dtype=res_dtype, device=x.device) if residual else out
         if run is not None:
-            run(x, out)
-        return out
+            run(x, out, res)
+        return (out, res) if residual else out
     return forward_prepared
 
 

@@ -4,7 +4,7 @@ One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n round
 rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row and joined (``_load``), which
 gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
 shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
-and writes the output once; the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
+and writes the output once (and, with ``RESIDUAL``, one convergence residual per matrix from the output tile); the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
 scaling vectors at the start of every group of STRIDE steps in registers (CP slots per vector;
 ``triton_ops._stride``), walks the groups backwards replaying each step from its group's kept vectors (the adjoint
 of the scaling vectors: four n^2 multiply-adds a step), and writes the input gradient once. Matrices
@@ -144,6 +144,20 @@ def _store(ptr, v, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def _store_residual(res_ptr, P, bad, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+    """Each matrix's convergence residual, ``max(max_i |sum_j P_ij - 1|, max_j |sum_i P_ij - 1|)`` over its valid
+    rows and columns, from the output tile ``P`` (0 off the tile) before it is rounded to the output dtype, stored
+    at ``res_ptr[b]`` (NaN for the matrices of ``bad``)."""
+    line = tl.arange(0, NB)[None, :] < N
+    rows = tl.max(tl.where(line, tl.abs(tl.sum(P, axis=2) - 1.0), 0.0), axis=1)
+    cols = tl.max(tl.where(line, tl.abs(tl.sum(P, axis=1) - 1.0), 0.0), axis=1)
+    b = pid * BM + tl.arange(0, BM)
+    bad_matrix = tl.max(tl.max(bad.to(tl.int32), axis=2), axis=1) > 0
+    res = tl.where(bad_matrix, float("nan"), tl.maximum(rows, cols))
+    tl.store(res_ptr + b, res.to(res_ptr.dtype.element_ty), mask=b < B)
+
+
+@triton.jit
 def _load_logits(x_ptr, pid, B, valid, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr, F64: tl.constexpr):
     """``x`` with NaN and +inf entries replaced by 0, and ``bad`` (BM, 1, 1): the matrices that held one. Their
     outputs and gradients are stored as NaN (the value check of device mode, on chip); the replacement keeps
@@ -240,8 +254,9 @@ def _log_replay(L, F, K, k, use_log, valid, rows, cols):
 
 
 @triton.jit(do_not_specialize=SIZES)
-def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
-                       F64: tl.constexpr, RMAX: tl.constexpr):
+def log_forward_kernel(x_ptr, out_ptr, res_ptr, B, ITERS, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
+                       F64: tl.constexpr, RMAX: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The output of every matrix, and with ``RESIDUAL`` its convergence residual at ``res_ptr`` (B floats)."""
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
     L, F, K, keep, use_log, bad = _log_prepare(x_ptr, pid, B, valid, N, NB, BM, F64, RMAX)
@@ -250,6 +265,8 @@ def log_forward_kernel(x_ptr, out_ptr, B, ITERS, N: tl.constexpr, NB: tl.constex
         S_log, Q_log = _log_replay(L, F, K, ITERS, True, valid, rows, cols)
         Q = tl.where(use_log, Q_log, Q)
     _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
+    if RESIDUAL:
+        _store_residual(res_ptr, Q, bad, pid, B, N, NB, BM)
 
 
 @triton.jit(do_not_specialize=BACKWARD_SIZES)
@@ -339,10 +356,11 @@ def _prob_prepare(x_ptr, pid, B, valid, eps, N: tl.constexpr, NB: tl.constexpr, 
 
 @triton.jit
 def _prob_step(p0, r, c, idx, eps):
-    """Step ``idx`` (1-based) of the probability loop on the scalings of ``p0``: the row division (skipped at step
-    1, where the softmax already normalised the rows: denominators 1), then the column division; returns the new
-    scalings and both denominators before ``_safe`` (0 where a zero sum divides by 1)."""
-    dr = tl.where(idx > 1, r * tl.sum(p0 * c, axis=2)[:, :, None] + eps, 1.0)
+    """Step ``idx`` (1-based) of the probability loop on the scalings of ``p0``: the row division (none at step 1,
+    where the softmax already normalised the rows: denominators 0, which divide by 1 and whose adjoint passes the
+    gradient through), then the column division; returns the new scalings and both denominators before ``_safe``
+    (0 where a zero sum, or no division, divides by 1)."""
+    dr = tl.where(idx > 1, r * tl.sum(p0 * c, axis=2)[:, :, None] + eps, 0.0)
     r = r * _rcp(_safe(dr))
     dc = c * tl.sum(p0 * r, axis=1)[:, None, :] + eps
     return r, c * _rcp(_safe(dc)), dr, dc
@@ -357,8 +375,9 @@ def _division_adjoint(v_bar, v, d, eps):
 
 
 @triton.jit(do_not_specialize=SIZES)
-def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr,
-                        F64: tl.constexpr):
+def prob_forward_kernel(x_ptr, out_ptr, res_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl.constexpr, NB: tl.constexpr,
+                        BM: tl.constexpr, F64: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The output of every matrix, and with ``RESIDUAL`` its convergence residual at ``res_ptr`` (B floats)."""
     pid = tl.program_id(0)
     valid, rows, cols = _tile(pid, B, N, NB, BM)
     eps = float_scalar(EPS_HI, EPS_LO, F64)  # eps as two float32 halves: no per-call tensor
@@ -367,7 +386,10 @@ def prob_forward_kernel(x_ptr, out_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl.constexp
     c = tl.where(cols, 1.0, 0.0).to(p0.dtype)
     for t in range(0, ITERS):
         r, c, dr, dc = _prob_step(p0, r, c, t + 1, eps)
-    _store(out_ptr, tl.where(bad, float("nan"), r * p0 * c), pid, B, N, NB, BM)
+    P = r * p0 * c
+    _store(out_ptr, tl.where(bad, float("nan"), P), pid, B, N, NB, BM)
+    if RESIDUAL:
+        _store_residual(res_ptr, P, bad, pid, B, N, NB, BM)
 
 
 @triton.jit(do_not_specialize=BACKWARD_SIZES)
@@ -413,7 +435,6 @@ def prob_backward_kernel(x_ptr, grad_ptr, gx_ptr, B, ITERS, STRIDE, EPS_HI, EPS_
             cb, ub = _division_adjoint(cb, c, dc, eps)  # c = c' / (c' (p0^T r) + eps)
             rb = rb + tl.sum(p0 * ub, axis=2)[:, :, None]
             rb_prev, tb = _division_adjoint(rb, r, dr, eps)  # r = r' / (r' (p0 c') + eps), from step 2 on
-            tb = tl.where(k > 1, tb, 0.0)
             cb = cb + tl.sum(p0 * tb, axis=1)[:, None, :]
             p0b = p0b + r * ub + tb * cp
             rb = rb_prev
