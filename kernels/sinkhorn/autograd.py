@@ -61,14 +61,15 @@ class _Prepared(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.backward = backward
         result = forward(x)
-        if isinstance(result, tuple):  # (out, residual): the residual has no gradient
+        if isinstance(result, tuple):  # (out, residual): the residual has no gradient, and no zeros are made for it
             ctx.mark_non_differentiable(result[1])
+            ctx.set_materialize_grads(False)
         return result
 
     @staticmethod
     def backward(ctx, grad, *residual_grad):
         (x,) = ctx.saved_tensors
-        return ctx.backward(grad, x), None, None
+        return (None if grad is None else ctx.backward(grad, x)), None, None
 
 
 def prepare_train(x: torch.Tensor, iters: int, domain: str, eps: float, residual: bool = False):

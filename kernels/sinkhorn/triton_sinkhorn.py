@@ -144,17 +144,18 @@ def _store(ptr, v, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _store_residual(res_ptr, P, bad, pid, B, N: tl.constexpr, NB: tl.constexpr, BM: tl.constexpr):
+def _store_residual(res_ptr, P, bad, pid, B, rows, cols, NB: tl.constexpr, BM: tl.constexpr):
     """Each matrix's convergence residual, ``max(max_i |sum_j P_ij - 1|, max_j |sum_i P_ij - 1|)`` over its valid
     rows and columns, from the output tile ``P`` (0 off the tile) before it is rounded to the output dtype, stored
-    at ``res_ptr[b]`` (NaN for the matrices of ``bad``)."""
-    line = tl.arange(0, NB)[None, :] < N
-    rows = tl.max(tl.where(line, tl.abs(tl.sum(P, axis=2) - 1.0), 0.0), axis=1)
-    cols = tl.max(tl.where(line, tl.abs(tl.sum(P, axis=1) - 1.0), 0.0), axis=1)
-    b = pid * BM + tl.arange(0, BM)
-    bad_matrix = tl.max(tl.max(bad.to(tl.int32), axis=2), axis=1) > 0
-    res = tl.where(bad_matrix, float("nan"), tl.maximum(rows, cols))
-    tl.store(res_ptr + b, res.to(res_ptr.dtype.element_ty), mask=b < B)
+    at ``res_ptr[b]`` by the tile's entry (b, 0, 0) (NaN for the matrices of ``bad``). Every reduction keeps the
+    tile's dimensions, as the loops' own sums do."""
+    row_dev = tl.where(rows, tl.abs(tl.sum(P, axis=2)[:, :, None] - 1.0), 0.0)
+    col_dev = tl.where(cols, tl.abs(tl.sum(P, axis=1)[:, None, :] - 1.0), 0.0)
+    res = tl.max(tl.max(tl.maximum(row_dev, col_dev), axis=2), axis=1)[:, None, None]
+    b = pid * BM + tl.arange(0, BM)[:, None, None]
+    first = (tl.arange(0, NB)[None, :, None] == 0) & (tl.arange(0, NB)[None, None, :] == 0)
+    value = tl.where(bad, float("nan"), res) + tl.zeros_like(P)
+    tl.store(res_ptr + (b + 0 * first.to(tl.int32)), value.to(res_ptr.dtype.element_ty), mask=first & (b < B))
 
 
 @triton.jit
@@ -266,7 +267,7 @@ def log_forward_kernel(x_ptr, out_ptr, res_ptr, B, ITERS, N: tl.constexpr, NB: t
         Q = tl.where(use_log, Q_log, Q)
     _store(out_ptr, tl.where(bad, float("nan"), Q), pid, B, N, NB, BM)
     if RESIDUAL:
-        _store_residual(res_ptr, Q, bad, pid, B, N, NB, BM)
+        _store_residual(res_ptr, Q, bad, pid, B, rows, cols, NB, BM)
 
 
 @triton.jit(do_not_specialize=BACKWARD_SIZES)
@@ -389,7 +390,7 @@ def prob_forward_kernel(x_ptr, out_ptr, res_ptr, B, ITERS, EPS_HI, EPS_LO, N: tl
     P = r * p0 * c
     _store(out_ptr, tl.where(bad, float("nan"), P), pid, B, N, NB, BM)
     if RESIDUAL:
-        _store_residual(res_ptr, P, bad, pid, B, N, NB, BM)
+        _store_residual(res_ptr, P, bad, pid, B, rows, cols, NB, BM)
 
 
 @triton.jit(do_not_specialize=BACKWARD_SIZES)
