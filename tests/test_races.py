@@ -4,7 +4,8 @@ CPU.
 Toy kernels with a known protocol check the mechanism: an element stored by two programs, atomics sharing an
 element (and a plain store among them), a cross-program reduction with and without ``tl.atomic_add``, a publish
 protocol (a partial written, then its flag released; the last program acquires the flags, then reads the partials)
-kept, with its wait removed, and with a partial stored after its flag; a wait that no order satisfies (a deadlock).
+kept, with its wait removed, and with a partial stored after its flag; two declared protocols, each needing its own
+flag; a wait that no order satisfies (a deadlock).
 Planted races in the library's own kernels (the ``_wait_published`` mutant that survived ``sentinel mutate``, and
 the write races the one-writer rule was made for) must fail ``sentinel verify``'s ``races`` check in a scratch
 copy, and the unmutated sources must pass it.
@@ -169,6 +170,57 @@ def test_a_declared_protocol_holds_only_for_the_flag_that_guards_the_reads():
     assert findings(run, guards={"partial_ptr": "x_ptr"}) == [
         "publish_kernel: program (3, 0, 0) reads argument partial_ptr ((3,) float32) at byte 0, written by program "
         "(0, 0, 0), with no acquire of x_ptr ordering the read after the write: the declared publish protocol "
+        "(PUBLISHES) does not guard it"]
+
+
+@triton.jit
+def _acquire_all(flag_ptr, i, live, BLOCK: tl.constexpr):
+    seen = tl.atomic_or(flag_ptr + i, 0, mask=live, sem="acquire")
+    while tl.sum(tl.where(live, seen, 1), axis=0) < BLOCK:
+        seen = tl.atomic_or(flag_ptr + i, 0, mask=live, sem="acquire")
+
+
+@triton.jit
+def two_flags_kernel(x_ptr, a_ptr, b_ptr, fa_ptr, fb_ptr, out_ptr, n, ACQUIRE_B: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs 0 .. n - 2 write a[p] = 2 x[p] and b[p] = 3 x[p], then release fa[p] and fb[p]; the last program
+    acquires every flag of fa (and with ACQUIRE_B of fb), then writes out = the sum of a and b. Without ACQUIRE_B
+    the kernel has no race (both writes come before the release of fa), but b's reads are not ordered through fb."""
+    p = tl.program_id(0)
+    if p < n - 1:
+        v = tl.load(x_ptr + p)
+        tl.store(a_ptr + p, 2 * v)
+        tl.store(b_ptr + p, 3 * v)
+        tl.atomic_xchg(fa_ptr + p, 1, sem="release")
+        tl.atomic_xchg(fb_ptr + p, 1, sem="release")
+    else:
+        i = tl.arange(0, BLOCK)
+        live = i < n - 1
+        _acquire_all(fa_ptr, i, live, BLOCK)
+        if ACQUIRE_B:
+            _acquire_all(fb_ptr, i, live, BLOCK)
+        a = tl.load(a_ptr + i, mask=live, other=0.0)
+        b = tl.load(b_ptr + i, mask=live, other=0.0)
+        tl.store(out_ptr, tl.sum(a + b, axis=0))
+
+
+def test_two_declared_protocols_each_need_their_own_flag():
+    """With two declarations (a guarded by fa, b by fb) an acquire of fa orders a's reads only: b's reads, ordered
+    by fa alone, fail fb's protocol; acquiring fb as well satisfies both, in every schedule."""
+    x, guards = torch.arange(1.0, 4.0), {"a_ptr": "fa_ptr", "b_ptr": "fb_ptr"}
+
+    def run(acquire_b):
+        out = torch.zeros(1)
+        a, b = torch.zeros(3), torch.zeros(3)
+        fa, fb = torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+        launch.launcher(two_flags_kernel)[(4,)](x, a, b, fa, fb, out, 4, ACQUIRE_B=acquire_b, BLOCK=4)
+        assert out.item() == 30.0
+
+    for schedule in (None, races.Schedule("reversed")):
+        assert findings(lambda: run(True), schedule, guards) == []
+    assert findings(lambda: run(False)) == []  # no race: fa's release follows both writes
+    assert findings(lambda: run(False), guards=guards) == [
+        "two_flags_kernel: program (3, 0, 0) reads argument b_ptr ((3,) float32) at byte 0, written by program "
+        "(0, 0, 0), with no acquire of fb_ptr ordering the read after the write: the declared publish protocol "
         "(PUBLISHES) does not guard it"]
 
 
