@@ -13,7 +13,11 @@ every call; :func:`install` replaces it with a lookup in that table built once f
 type not in it is asked of Triton's function). Triton 3.6 to 3.8 turn a scalar into an index (a loop bound that is
 a runtime argument, ``range(0, ITERS)``) with ``int()`` of its one-element array, which NumPy 2.4 refuses for an
 array of rank 1 ("only 0-dimensional arrays can be converted to Python scalars"): :func:`install` squeezes it
-first, as Triton 3.9 does. The rest of the interpreter stays as it is: the kernels run the same code on the same
+first, as Triton 3.9 does. The interpreter's integer-overflow sanitizer (``sanitize_overflow``) widens both
+operands of every integer addition, subtraction and multiplication to int64, redoes the operation and compares it with
+the type's range, then hands the result to ``device_assert``, which the interpreter skips (its ``debug`` option is
+off): about a third of an integer-heavy kernel's time for a check that never fires. :func:`install` turns it off
+while ``debug`` is off, and leaves both on otherwise. The rest of the interpreter stays as it is: the kernels run the same code on the same
 values, and results are bitwise those without it.
 
 It installs only on a Triton whose interpreter has the function it replaces with the signature it expects (Triton
@@ -21,6 +25,7 @@ It installs only on a Triton whose interpreter has the function it replaces with
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -112,4 +117,14 @@ def install() -> bool:
     patch_lang_tensor = getattr(interpreter, "_patch_lang_tensor", None)
     if patch_lang_tensor is not None and list(inspect.signature(patch_lang_tensor).parameters) == ["tensor", "scope"]:
         interpreter._patch_lang_tensor = _index_squeezed(patch_lang_tensor)
+    _skip_unasserted_overflow_checks(getattr(interpreter, "interpreter_builder", None))
     return True
+
+
+def _skip_unasserted_overflow_checks(builder: Any) -> None:
+    """``sanitize_overflow`` off in the interpreter's options while ``debug`` is off: its result goes to a
+    ``device_assert`` that returns without looking at it (``debug`` on keeps both)."""
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and getattr(options, "sanitize_overflow", False) \
+            and getattr(options, "debug", True) is False:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)

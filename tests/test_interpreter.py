@@ -1,6 +1,8 @@
 """kernel_sentinel.interpreter: the Triton interpreter's language patching with its member lookups made once."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -104,3 +106,29 @@ def test_a_runtime_loop_bound_is_an_index_on_every_numpy():
     out = torch.zeros(1, dtype=torch.int32)
     launch.launcher(_count_kernel)[(1,)](out, 5)
     assert out.item() == 5
+
+
+@triton.jit
+def _wrapping_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i) * 65536 + 7)  # int32: 65536 * 65536 wraps
+
+
+def test_the_overflow_sanitizer_is_off_only_where_its_assert_is_skipped():
+    """The interpreter's overflow check ends in a ``device_assert`` that its ``debug = False`` skips: after install
+    it is not computed, and a wrapping kernel gives the same (wrapped) values as without the patch; with ``debug``
+    on, both stay on."""
+    from triton.runtime import interpreter as triton_interpreter
+
+    builder = triton_interpreter.interpreter_builder
+    assert builder.options.debug is False and builder.options.sanitize_overflow is False
+    x = torch.tensor([1, 65536, -3, 0], dtype=torch.int32)
+    out = torch.empty_like(x)
+    launch.launcher(_wrapping_kernel)[(1,)](x, out, BLOCK=4)
+    assert out.tolist() == [65543, 7, -196601, 7]
+
+    class Builder:
+        options = dataclasses.replace(builder.options, debug=True, sanitize_overflow=True)
+
+    interpreter._skip_unasserted_overflow_checks(Builder)
+    assert Builder.options.sanitize_overflow is True
