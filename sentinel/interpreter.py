@@ -17,7 +17,14 @@ first, as Triton 3.9 does. The interpreter's integer-overflow sanitizer (``sanit
 operands of every integer addition, subtraction and multiplication to int64, redoes the operation and compares it with
 the type's range, then hands the result to ``device_assert``, which the interpreter skips (its ``debug`` option is
 off): about a third of an integer-heavy kernel's time for a check that never fires. :func:`install` turns it off
-while ``debug`` is off, and leaves both on otherwise. The rest of the interpreter stays as it is: the kernels run the same code on the same
+while ``debug`` is off, and leaves both on otherwise. A ``tl.reduce`` with a combine function of the kernel's own
+runs in Triton's ``generic_reduce`` one element at a time (the combine called once per element, on one-element
+tensors); :func:`install` replaces it with :func:`_generic_reduce`, the same left fold along the axis (element 0,
+then each next element combined into the accumulator, in index order) applied to every output position at once:
+the combine called once per step of the axis. Each output element sees the same operations in the same order (the
+combine is elementwise), so the values are those of Triton's loop wherever NumPy rounds an operation on an array
+as on one element, which holds for comparisons, selects and the arithmetic operations. The rest of the interpreter
+stays as it is: the kernels run the same code on the same
 values, and results are bitwise those without it.
 
 It installs only on a Triton whose interpreter has the function it replaces with the signature it expects (Triton
@@ -118,7 +125,44 @@ def install() -> bool:
     if patch_lang_tensor is not None and list(inspect.signature(patch_lang_tensor).parameters) == ["tensor", "scope"]:
         interpreter._patch_lang_tensor = _index_squeezed(patch_lang_tensor)
     _skip_unasserted_overflow_checks(getattr(interpreter, "interpreter_builder", None))
+    reduce_ops = getattr(interpreter, "ReduceOps", None)
+    generic = getattr(reduce_ops, "generic_reduce", None)
+    if generic is not None and hasattr(reduce_ops, "unravel") \
+            and list(inspect.signature(generic).parameters) == ["self", "input"]:
+        _generic_reduce.original = generic
+        reduce_ops.generic_reduce = _generic_reduce
     return True
+
+
+def _generic_reduce(self: Any, input: tuple) -> list:
+    """Triton's ``ReduceOps.generic_reduce`` with the fold along the axis made once per step for every output
+    position (module docstring): ``input`` a tuple of tensors of one shape; returns the reduced tensors."""
+    import numpy
+    import triton.language as tl
+
+    original_axis = self.axis
+    input, axis = self.unravel(input, self.axis)
+    data = [arg.handle.data for arg in input]
+    shape = data[0].shape
+    output = [numpy.zeros(shape[:axis] + shape[axis + 1:], dtype=d.dtype) for d in data]
+    if data[0].size:
+        for out, d in zip(output, data):
+            out[...] = numpy.take(d, 0, axis=axis)
+        for k in range(1, shape[axis]):
+            acc = tuple(self.to_tensor(out.copy(), arg.dtype) for out, arg in zip(output, input))
+            step = tuple(self.to_tensor(numpy.take(d, k, axis=axis), arg.dtype) for d, arg in zip(data, input))
+            combined = self.combine_fn.fn(*acc, *step)
+            combined = combined if isinstance(combined, tuple) else (combined,)
+            for out, value in zip(output, combined):
+                out[...] = numpy.reshape(value.handle.data, out.shape) if isinstance(value, tl.core.tensor) else value
+    reduced = []
+    for out, arg in zip(output, input):
+        if self.keep_dims:
+            out = numpy.expand_dims(out, axis) if original_axis is not None else out.reshape((1,) * len(shape))
+        elif original_axis is None:
+            out = out.item()
+        reduced.append(self.to_tensor(out, arg.dtype))
+    return reduced
 
 
 def _skip_unasserted_overflow_checks(builder: Any) -> None:

@@ -132,3 +132,59 @@ def test_the_overflow_sanitizer_is_off_only_where_its_assert_is_skipped():
 
     interpreter._skip_unasserted_overflow_checks(Builder)
     assert Builder.options.sanitize_overflow is True
+
+
+@triton.jit
+def _add_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _max_first_combine(va, ia, vb, ib):
+    b_wins = (vb > va) | ((vb == va) & (ib < ia))
+    return tl.where(b_wins, vb, va), tl.where(b_wins, ib, ia)
+
+
+@triton.jit
+def _reduce_kernel(x_ptr, out_ptr, arg_ptr, AXIS: tl.constexpr, KEEP: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.arange(0, R)[:, None]
+    c = tl.arange(0, C)[None, :]
+    x = tl.load(x_ptr + r * C + c)
+    if AXIS == 2:  # every element (axis None)
+        total = tl.reduce(x, None, _add_combine, keep_dims=KEEP)
+        if KEEP:
+            tl.store(out_ptr + tl.zeros((1, 1), dtype=tl.int32), total)
+        else:
+            tl.store(out_ptr, total)
+    else:
+        total = tl.reduce(x, AXIS, _add_combine, keep_dims=KEEP)
+        top, arg = tl.reduce((x, r * C + c), AXIS, _max_first_combine, keep_dims=KEEP)
+        if AXIS == 0:
+            where = c if KEEP else tl.arange(0, C)
+        else:
+            where = r if KEEP else tl.arange(0, R)
+        tl.store(out_ptr + where, total + top)
+        tl.store(arg_ptr + where, arg)
+
+
+@pytest.mark.parametrize("axis, keep", [(0, False), (1, False), (0, True), (1, True), (2, False), (2, True)])
+def test_a_custom_reduce_gives_the_values_of_tritons_element_loop(axis, keep):
+    """tl.reduce with a combine of the kernel's own (a float sum, a (value, arg) pair with ties): the one-step-per-
+    axis fold gives bitwise the values of Triton's element-by-element loop."""
+    from triton.runtime import interpreter as triton_interpreter
+
+    assert triton_interpreter.ReduceOps.generic_reduce is interpreter._generic_reduce
+    x = (torch.randn(4, 8, generator=torch.Generator().manual_seed(axis)) * 1e3).round() / 7  # ties and roundings
+    runs = []
+    for reduce in (interpreter._generic_reduce, interpreter._generic_reduce.original):
+        triton_interpreter.ReduceOps.generic_reduce = reduce
+        try:
+            out, arg = torch.zeros(8), torch.zeros(8, dtype=torch.int32)
+            launch.launcher(_reduce_kernel)[(1,)](x, out, arg, AXIS=axis, KEEP=keep, R=4, C=8)
+            runs.append((out, arg))
+        finally:
+            triton_interpreter.ReduceOps.generic_reduce = interpreter._generic_reduce
+    (out, arg), (expected_out, expected_arg) = runs
+    assert torch.equal(out, expected_out) and torch.equal(arg, expected_arg)
+    if axis == 0:
+        assert torch.equal(arg[:8], x.argmax(0).to(torch.int32) * 8 + torch.arange(8, dtype=torch.int32))
