@@ -1,11 +1,12 @@
 """The Sinkhorn call every route receives, and its validation (imports no backend).
 
-``sinkhorn(x, iters=20, domain="log", eps=1e-6, *, use_triton=True, return_residual=False)``: ``x`` is (..., n, n) float32, float64, bfloat16 or float16,
-any number of leading dims (none included), n >= 1; ``iters`` an int >= 1; ``domain`` ``"log"`` or ``"prob"``;
-``eps`` 0 or a real number in float32's normal range 2**-126 .. 2**127 (used by ``"prob"`` only); ``use_triton``
-and ``return_residual`` bools. -inf entries are allowed. NaN or +inf in ``x`` follows the host-sync
-policy (:func:`validate.host_reads_allowed`): in host mode a ``ValueError`` (one host read, before any work); in
-device mode no check here: every backend returns NaN for each matrix that holds one, and NaN gradients for it.
+``sinkhorn(x, iters=20, domain="log", eps=1e-6, *, use_triton=True, return_residual=False)``: ``x`` is (..., n, n)
+float32, float64, bfloat16 or float16, any number of leading dims (none included), n >= 1; ``iters`` an int >= 1;
+``domain`` ``"log"`` or ``"prob"``; ``eps`` 0 or a real number in float32's normal range 2**-126 .. 2**127 (used by
+``"prob"`` only); ``use_triton`` and ``return_residual`` bools. -inf entries are allowed. NaN or +inf in ``x``
+follows the host-sync policy (:func:`validate.host_reads_allowed`): in host mode a ``ValueError`` (one host read,
+before any work); in device mode no check here: every backend returns NaN for each matrix that holds one, and NaN
+gradients for it.
 """
 from __future__ import annotations
 

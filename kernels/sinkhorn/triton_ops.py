@@ -1,8 +1,8 @@
 """Triton host side: launch plan, allocation (through :mod:`provable_kernels.alloc`) and launches.
 
 Inputs are (B, n, n) contiguous tensors; outputs and input gradients are fresh (B, n, n) tensors of the input's
-dtype, residuals fresh (B,) tensors of the compute dtype (float32, or float64 for float64 inputs). ``MAX_N`` is the largest n the kernels hold (one 64 x 64 matrix per program); larger n take the PyTorch
-route of the dispatch tree.
+dtype, residuals fresh (B,) tensors of the compute dtype (float32, or float64 for float64 inputs). ``MAX_N`` is the
+largest n the kernels hold (one 64 x 64 matrix per program); larger n take the PyTorch route of the dispatch tree.
 """
 from __future__ import annotations
 

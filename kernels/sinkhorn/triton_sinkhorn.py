@@ -1,14 +1,14 @@
 """Triton kernels of the Sinkhorn family (``@triton.jit`` code only; the host side is in ``triton_ops``).
 
 One program holds ``BM`` whole matrices as a (BM, NB, NB) tile (``NB`` = n rounded up to a power of two; padded
-rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row and joined (``_load``), which
-gives it a layout with each matrix in one thread: the sums of every iteration are register additions, with no
-shuffle and no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once
-and writes the output once (and, with ``RESIDUAL``, one convergence residual per matrix from the output tile); the backward reads ``x`` and the upstream gradient, runs the forward once keeping the
-scaling vectors at the start of every group of STRIDE steps in registers (CP slots per vector;
-``triton_ops._stride``), walks the groups backwards replaying each step from its group's kept vectors (the adjoint
-of the scaling vectors: four n^2 multiply-adds a step), and writes the input gradient once. Matrices
-that take the log loop replay each step from ``x`` (iters^2 / 2 steps).
+rows, columns and matrices are masked). At NB <= 4 the tile is loaded row by row and joined (``_load``), which gives
+it a layout with each matrix in one thread: the sums of every iteration are register additions, with no shuffle and
+no shared memory. Nothing per iteration goes to global memory: the forward reads ``x`` once and writes the output
+once (and, with ``RESIDUAL``, one convergence residual per matrix from the output tile); the backward reads ``x``
+and the upstream gradient, runs the forward once keeping the scaling vectors at the start of every group of STRIDE
+steps in registers (CP slots per vector; ``triton_ops._stride``), walks the groups backwards replaying each step
+from its group's kept vectors (the adjoint of the scaling vectors: four n^2 multiply-adds a step), and writes the
+input gradient once. Matrices that take the log loop replay each step from ``x`` (iters^2 / 2 steps).
 
 Log domain, scaling form. With ``L = max(x, -1e5) - rowmax`` and ``K = exp(L)`` (n^2 exponentials, once), the
 log-domain loop equals ``r = 1 / (K c)``, ``c = 1 / (K^T r)`` (reciprocals only, ``_rcp``) with output
