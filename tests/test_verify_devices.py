@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from kernel_sentinel import device, records, workers
+from kernel_sentinel import device, records, registry, workers
 from kernel_sentinel.cli import main
 from kernel_sentinel.rows import Options, verify_route
 
@@ -159,7 +159,9 @@ def test_json_report_has_each_devices_share(tmp_path):
     data = json.loads(report_path.read_text())
     assert data["device"] == {"type": "cpu", "name": "CPU (Triton interpreter)"}
     (share,) = data["devices"]["shares"]
-    assert share["device"] == "cpu" and share["processes"] == 1 and share["units"] == 4
+    family = registry.family("sinkhorn")
+    properties = sum(p.runs_at("sinkhorn.torch.log.infer", torch.float32) for p in family.properties)
+    assert share["device"] == "cpu" and share["processes"] == 1 and share["units"] == properties + 1  # + the rest
     assert data["devices"]["wall_seconds"] >= share["seconds"] > 0
     assert [c["name"] for c in data["routes"][0]["checks"]][-1] == "devices"
     assert data["routes"][0]["checks"][-1]["detail"] == "not applicable: a CPU run (no second device)"
