@@ -895,8 +895,9 @@ def percent_killed(killed: int, counted: int) -> Optional[float]:
 
 
 def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, excluded: int,
-              seed: int) -> dict[str, Any]:
-    """The JSON summary of one family's run (also the record the site shows)."""
+              seed: int, earlier: Sequence[Outcome] = ()) -> dict[str, Any]:
+    """The JSON summary of one family's run (also the record the site shows): the sample's ``outcomes``, and the
+    ``earlier`` record's survivors run again beside it (:func:`earlier_survivors`), outside every count."""
     files: dict[str, dict[str, Any]] = {}
     counted = [o for o in outcomes if o.status != "equivalent"]  # shown equivalent: out of every kill rate
     for o in counted:
@@ -920,8 +921,9 @@ def summarize(family: str, outcomes: Sequence[Outcome], candidates: int, exclude
                         for op in OPERATORS},
         "files": dict(sorted(files.items())),
         "survivors": [{"diff": o.mutant.diff(), "status": o.status} for o in counted if not o.killed],
+        "earlier_survivors": [{"diff": o.mutant.diff(), "status": o.status, "by": o.by} for o in earlier],
         "mutants": [{**dataclasses.asdict(o.mutant), "status": o.status, "by": o.by,
-                     "seconds": round(o.seconds, 2)} for o in outcomes],
+                     "seconds": round(o.seconds, 2)} for o in [*outcomes, *earlier]],
     }
 
 
@@ -945,6 +947,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     for survivor in summary["survivors"]:
         note = " (no route runs this line)" if survivor["status"] == "unreached" else ""
         console.out.print(f"survived{note}: {escape(survivor['diff'])}", highlight=False, soft_wrap=True)
+    for again in summary.get("earlier_survivors", ()):
+        now = "killed" if again["status"] in ("killed", "crashed", "timeout") else again["status"]
+        console.out.print(f"a survivor of the last record, run again: {now}: {escape(again['diff'])}"
+                          + (f"  ({escape(again['by'])})" if again["by"] else ""), highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -1010,6 +1016,8 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     kept = [m for m in candidates if listed_reason(equivalents, m) is None]
     sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
                     key=lambda m: (m.file, m.start))
+    earlier = earlier_survivors(family, kept, sample)
+    running = [*sample, *earlier]
     made = [Scratch(repo, scratch_packages(family)) for _ in range(args.jobs)]
     try:  # the verifier the workers run: its copy's files by repo-relative path, an installed one's by its own
         verifier = sorted(p.relative_to(repo) if p.is_relative_to(repo) else p
@@ -1023,7 +1031,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         outcomes: list[Outcome] = []
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console.err) as progress:
-            task = progress.add_task(f"mutate {family.name}", total=len(sample))
+            task = progress.add_task(f"mutate {family.name}", total=len(running))
 
             def report(outcome: Outcome) -> None:
                 outcomes.append(outcome)
@@ -1039,7 +1047,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                     report(outcome)
 
             first = []
-            for mutant in sample:
+            for mutant in running:
                 kept_outcome = store.outcome(mutant)
                 if kept_outcome is None and not baseline.routes_for(mutant):
                     done(mutant, Outcome(mutant, "unreached", "no route runs this line"), [])
@@ -1048,7 +1056,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
                 elif kept_outcome.status != "unfinished":
                     report(kept_outcome)
             run_mutants(made, family.name, first, baseline, args.seed, done, cap=args.split_after)
-            late = [m for m in sample if store.outcome(m).status == "unfinished"]
+            late = [m for m in running if store.outcome(m).status == "unfinished"]
             if late:
                 progress.console.print(f"{len(late)} mutants unfinished: each route of each on its own, over "
                                        f"{len(made)} workers", highlight=False)
@@ -1059,8 +1067,31 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
         for s in made:
             s.remove()
     shown = load_equivalents(Path(family.package.__file__).resolve().parent / EQUIVALENTS)  # entries added meanwhile
-    return summarize(family.name, with_equivalents(outcomes, shown), len(candidates), len(candidates) - len(kept),
-                     args.seed)
+    again = [o for o in outcomes if o.mutant in earlier]
+    return summarize(family.name, with_equivalents([o for o in outcomes if o not in again], shown), len(candidates),
+                     len(candidates) - len(kept), args.seed, again)
+
+
+def _unlined(diff: str) -> str:
+    """A survivor's one-line diff (:meth:`Mutant.diff`) without its line number, which moves with edits above it."""
+    file, _, rest = diff.partition(":")
+    return f"{file}:{rest.partition(':')[2]}"
+
+
+def earlier_survivors(family: Any, kept: Sequence[Mutant], sample: Sequence[Mutant]) -> list[Mutant]:
+    """The survivors of the family's committed mutation record (``traces/verification/mutation/<family>.json``)
+    that are still mutants of the sampled files (``kept``: none listed equivalent; found by file, lines and operator),
+    outside ``sample``. A run runs them again beside its sample, outside its kill rate, so that the record shows
+    whether a check added since kills them (its ``earlier_survivors``)."""
+    from kernel_sentinel import records
+    from kernel_sentinel.dashboard import MUTATION_DIR_NAME
+
+    path = family.root / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
+    if not path.is_file():
+        return []
+    wanted = {_unlined(s["diff"]) for s in json.loads(path.read_text()).get("survivors", ())
+              if s.get("status") == "survived"}
+    return [m for m in kept if _unlined(m.diff()) in wanted and m not in sample]
 
 
 def with_equivalents(outcomes: Sequence[Outcome], shown: dict[tuple[str, str, str, str], str]) -> list[Outcome]:

@@ -134,6 +134,28 @@ def test_summary_counts_unreached_and_survivors_against_the_kill_rate():
     assert [s["status"] for s in summary["survivors"]] == ["unreached"]
 
 
+def test_the_last_records_survivors_run_again_outside_the_kill_rate(tmp_path):
+    """The survivors of the committed record, found again by file, lines and operator after the lines moved, run
+    beside the sample and are reported apart from it; one already in the sample runs once, as part of it."""
+    class Toy:
+        name, root = "toy", tmp_path
+    mutants = mutate.find_mutants(SOURCE, "k.py")
+    record = tmp_path / "traces" / "verification" / "mutation" / "toy.json"
+    record.parent.mkdir(parents=True)
+    moved = [m.diff().replace(f"k.py:{m.line}:", f"k.py:{m.line + 7}:") for m in mutants[1:3]]
+    record.write_text(json.dumps({"survivors": [{"diff": d, "status": "survived"} for d in moved]
+                                  + [{"diff": mutants[3].diff(), "status": "unreached"}]}))
+    assert mutate.earlier_survivors(Toy, mutants, [mutants[0], mutants[2]]) == [mutants[1]]
+    assert mutate.earlier_survivors(Toy, mutants[2:], []) == [mutants[2]]  # kept: none listed equivalent
+    sample = [mutate.Outcome(mutants[0], "killed"), mutate.Outcome(mutants[2], "survived")]
+    summary = mutate.summarize("toy", sample, candidates=10, excluded=0, seed=0,
+                               earlier=[mutate.Outcome(mutants[1], "killed", "races")])
+    assert (summary["sampled"], summary["killed"], summary["kill_rate"]) == (2, 1, 50.0)
+    assert summary["earlier_survivors"] == [{"diff": mutants[1].diff(), "status": "killed", "by": "races"}]
+    record.unlink()
+    assert mutate.earlier_survivors(Toy, mutants, []) == []
+
+
 class _FakeScratch:
     """A scratch whose worker records that each of its routes reaches line 3 (and import-time line 1), or fails."""
 
