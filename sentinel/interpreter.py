@@ -33,7 +33,9 @@ It installs only on a Triton whose interpreter has the function it replaces with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import threading
 from typing import Any
 
 _names: dict[int, tuple[str, ...]] = {}  # id(module or class) -> the names of its builtin members, unpatched
@@ -125,6 +127,12 @@ def install() -> bool:
     if patch_lang_tensor is not None and list(inspect.signature(patch_lang_tensor).parameters) == ["tensor", "scope"]:
         interpreter._patch_lang_tensor = _index_squeezed(patch_lang_tensor)
     _skip_unasserted_overflow_checks(getattr(interpreter, "interpreter_builder", None))
+    patch_lang, executor = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if patch_lang is not None and executor is not None and hasattr(interpreter, "_LangPatchScope") \
+            and list(inspect.signature(patch_lang).parameters) == ["fn"]:
+        _patch_lang.original = patch_lang
+        interpreter._patch_lang = _patch_lang
+        executor.__call__ = _launching(executor.__call__)
     reduce_ops = getattr(interpreter, "ReduceOps", None)
     generic = getattr(reduce_ops, "generic_reduce", None)
     if generic is not None and hasattr(reduce_ops, "unravel") \
@@ -163,6 +171,44 @@ def _generic_reduce(self: Any, input: tuple) -> list:
             out = out.item()
         reduced.append(self.to_tensor(out, arg.dtype))
     return reduced
+
+
+_launch = threading.local()  # this thread's running launch: ``langs``, the ids of the modules it patched
+
+
+def _patch_lang(fn: Any) -> Any:
+    """Triton's ``interpreter._patch_lang`` made once per launch and thread: inside a running launch
+    (:func:`_launching`), a device function's call whose ``triton.language`` modules the launch has patched already
+    patches nothing (Triton patches them again at every such call, finding no builtin left and setting the same
+    members to equivalent wrappers, and drops the scope; the launch's own scope restores them all at its end).
+    Outside a launch, or for a module not patched yet, Triton's function runs."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patched = getattr(_launch, "langs", None)
+    if patched is None:
+        return _patch_lang.original(fn)
+    langs = {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+    if langs and langs <= patched:  # none: Triton's own assertion
+        return interpreter._LangPatchScope()
+    scope = _patch_lang.original(fn)
+    patched |= langs
+    return scope
+
+
+def _launching(call: Any) -> Any:
+    """``GridExecutor.__call__`` with this thread's launch state (:func:`_patch_lang`) set while it runs."""
+
+    @functools.wraps(call)
+    def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_launch, "langs", None)
+        _launch.langs = set()
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            _launch.langs = outer
+
+    return launch
 
 
 def _skip_unasserted_overflow_checks(builder: Any) -> None:

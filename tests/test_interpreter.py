@@ -188,3 +188,36 @@ def test_a_custom_reduce_gives_the_values_of_tritons_element_loop(axis, keep):
     assert torch.equal(out, expected_out) and torch.equal(arg, expected_arg)
     if axis == 0:
         assert torch.equal(arg[:8], x.argmax(0).to(torch.int32) * 8 + torch.arange(8, dtype=torch.int32))
+
+
+@triton.jit
+def _twice(x):
+    return x + x
+
+
+@triton.jit
+def _nested_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, _twice(_twice(tl.load(x_ptr + offs))))
+
+
+def test_a_launch_patches_the_language_once_and_restores_it(monkeypatch):
+    """Triton patches ``triton.language`` at the launch and again at every device-function call inside it; with
+    :func:`interpreter.install` the calls inside a launch patch nothing more (the launch's modules are patched
+    already), the results are the same, and the launch's end restores Triton's builtins, after an error too."""
+    from triton.runtime import interpreter as triton_interpreter
+
+    assert interpreter.install() and triton_interpreter._patch_lang is interpreter._patch_lang
+    original = interpreter._patch_lang.original
+    patched = []
+    monkeypatch.setattr(interpreter._patch_lang, "original", lambda fn: patched.append(fn.__name__) or original(fn))
+    load = tl.load
+    x, out = torch.arange(8, dtype=torch.float32), torch.zeros(8)
+    launch.launcher(_nested_kernel)[(3,)](x, out, N=8)
+    assert torch.equal(out, 4 * x)
+    assert patched == ["_nested_kernel"]  # Triton's own loop: 1 + 3 programs x 2 calls
+    assert tl.load is load and tl.core.is_builtin(tl.load) and interpreter._launch.langs is None
+    patched.clear()
+    with pytest.raises(Exception, match="power of 2"):
+        launch.launcher(_nested_kernel)[(1,)](x, out, N=6)  # raises inside the launch
+    assert patched == ["_nested_kernel"] and tl.load is load and interpreter._launch.langs is None
