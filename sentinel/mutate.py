@@ -984,6 +984,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rescore", action="store_true",
                    help="rewrite each family's record, its survivors that equivalent_mutants.json names since "
                         "marked equivalent (nothing runs)")
+    p.add_argument("--rerun", type=Path, metavar="RECORD",
+                   help="run the survivors of this mutation record again beside the sample, outside its kill rate "
+                        "(default: the family's committed record; e.g. an older one from git)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every family's summary and mutants here")
     p.add_argument("--record", action="store_true",
                    help="write traces/verification/mutation/<family>.json (the kill rates the site shows)")
@@ -1016,7 +1019,7 @@ def mutate_family(family: Any, args: argparse.Namespace, repo: Path) -> Optional
     kept = [m for m in candidates if listed_reason(equivalents, m) is None]
     sample = sorted(random.Random(args.seed).sample(kept, min(args.n, len(kept))) if args.n is not None else kept,
                     key=lambda m: (m.file, m.start))
-    earlier = earlier_survivors(family, kept, sample)
+    earlier = earlier_survivors(family, kept, sample, args.rerun)
     running = [*sample, *earlier]
     made = [Scratch(repo, scratch_packages(family)) for _ in range(args.jobs)]
     try:  # the verifier the workers run: its copy's files by repo-relative path, an installed one's by its own
@@ -1078,18 +1081,30 @@ def _unlined(diff: str) -> str:
     return f"{file}:{rest.partition(':')[2]}"
 
 
-def earlier_survivors(family: Any, kept: Sequence[Mutant], sample: Sequence[Mutant]) -> list[Mutant]:
-    """The survivors of the family's committed mutation record (``traces/verification/mutation/<family>.json``)
-    that are still mutants of the sampled files (``kept``: none listed equivalent; found by file, lines and operator),
-    outside ``sample``. A run runs them again beside its sample, outside its kill rate, so that the record shows
-    whether a check added since kills them (its ``earlier_survivors``)."""
+def _record_family(path: Path) -> Optional[str]:
+    """The family a mutation record at ``path`` is of (None: no such file, or not a record)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("family") if isinstance(record, dict) else None
+
+
+def earlier_survivors(family: Any, kept: Sequence[Mutant], sample: Sequence[Mutant],
+                      record: Optional[Path] = None) -> list[Mutant]:
+    """The survivors of a mutation record of the family (``record``; default: its committed one,
+    ``traces/verification/mutation/<family>.json``), those it ran again that still survived included, that are still
+    mutants of the sampled files (``kept``: none listed equivalent; found by file, lines and operator), outside
+    ``sample``. A run runs them again beside its sample, outside its kill rate, so that the record shows whether a
+    check added since kills them (its ``earlier_survivors``); one that survives stays in the next record's list."""
     from kernel_sentinel import records
     from kernel_sentinel.dashboard import MUTATION_DIR_NAME
 
-    path = family.root / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
+    path = record or family.root / records.RECORD_DIR / MUTATION_DIR_NAME / f"{family.name}.json"
     if not path.is_file():
         return []
-    wanted = {_unlined(s["diff"]) for s in json.loads(path.read_text()).get("survivors", ())
+    old = json.loads(path.read_text())
+    wanted = {_unlined(s["diff"]) for s in (*old.get("survivors", ()), *old.get("earlier_survivors", ()))
               if s.get("status") == "survived"}
     return [m for m in kept if _unlined(m.diff()) in wanted and m not in sample]
 
@@ -1177,6 +1192,9 @@ def run(args: argparse.Namespace) -> int:
         return console.usage_error(f"--route {' '.join(args.route)} matches no route; see `sentinel routes`")
     if args.keep is not None and len(families) != 1:
         return console.usage_error("--keep keeps the runs of one family: name it with --family")
+    if args.rerun is not None and (len(families) != 1 or _record_family(args.rerun) != families[0].name):
+        return console.usage_error(f"--rerun {args.rerun}: not a mutation record of "
+                                   f"{families[0].name if len(families) == 1 else 'one family named with --family'}")
     if args.record and (args.route or args.files):
         return console.usage_error("--record measures every route and the default files; drop --route / --files")
     if args.rescore:

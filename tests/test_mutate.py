@@ -152,8 +152,22 @@ def test_the_last_records_survivors_run_again_outside_the_kill_rate(tmp_path):
                                earlier=[mutate.Outcome(mutants[1], "killed", "races")])
     assert (summary["sampled"], summary["killed"], summary["kill_rate"]) == (2, 1, 50.0)
     assert summary["earlier_survivors"] == [{"diff": mutants[1].diff(), "status": "killed", "by": "races"}]
+    older = tmp_path / "older.json"  # --rerun: another record, with a survivor that a run of it kept
+    older.write_text(json.dumps({"survivors": [], "earlier_survivors": [{"diff": moved[1], "status": "survived"},
+                                                                        {"diff": moved[0], "status": "killed"}]}))
+    assert mutate.earlier_survivors(Toy, mutants, [], older) == [mutants[2]]
     record.unlink()
     assert mutate.earlier_survivors(Toy, mutants, []) == []
+
+
+def test_rerun_names_a_record_of_the_one_family_mutated(tmp_path):
+    from kernel_sentinel.cli import main
+
+    other = tmp_path / "sinkhorn.json"
+    other.write_text(json.dumps({"family": "sinkhorn", "survivors": []}))
+    assert main(["mutate", "--family", "segment", "--rerun", str(tmp_path / "none.json")]) == 2
+    assert main(["mutate", "--family", "segment", "--rerun", str(other)]) == 2
+    assert main(["mutate", "--family", "segment", "sinkhorn", "--rerun", str(other)]) == 2
 
 
 class _FakeScratch:
