@@ -31,7 +31,9 @@
 # sample (MUTATE_N 60, MUTATE_SEED 0) over MUTATE_JOBS workers (default: the CPUs less VERIFY_JOBS and 2), for at most
 # MUTATE_TIMEOUT seconds (540). A run that does not finish in one call goes on in the next: it keeps its state in
 # traces/verification/mutation/<family>-progress.json.gz (read when present), returned as $OUT/<family>-progress.json.gz
-# with $OUT/<family>.json, the record, once every mutant has settled (then delete the progress file). It uses only
+# with $OUT/<family>.json, the record, once every mutant has settled (then delete the progress file). MUTATE_RERUN
+# (a file of the tree sent, with FAMILIES naming its one family) is passed as --rerun: the survivors of that record
+# run again beside the sample (default: those of the family's committed record). It uses only
 # CPUs, so it can run beside verify or sanitize on one host: start the two phases with different OUT folders.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -131,7 +133,8 @@ elif [ "$PHASE" = mutate ]; then
     # --foreground: the signal at the limit goes to the run alone, which stops its workers and keeps what settled
     step "mutate-$family" env CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 timeout --foreground "$left" \
       python3 -m kernel_sentinel mutate --family "$family" -n "${MUTATE_N:-60}" --seed "${MUTATE_SEED:-0}" \
-      --jobs "$MUTATE_JOBS" --split-after 60 --keep "$kept" --record --json "$OUT/mutate-$family.json"
+      --jobs "$MUTATE_JOBS" --split-after 60 --keep "$kept" --record --json "$OUT/mutate-$family.json" \
+      ${MUTATE_RERUN:+--rerun "$MUTATE_RERUN"}
     [ -f "$kept" ] && gzip -c "$kept" > "$OUT/$family-progress.json.gz"
     [ -f "$OUT/mutate-$family.json" ] && cp "traces/verification/mutation/$family.json" "$OUT/"
   done

@@ -48,6 +48,10 @@ as ``equivalent`` and left out of the kill rate, not counted as killed. ``--resc
 has ended: it rewrites each family's record, its survivors that the list names since taken out of the counts
 (nothing runs; the sampled files must be those of the record's commit).
 
+Beside its sample, a run runs again the survivors of the family's committed record (``--rerun RECORD``: of another
+record, an older one from git), those it ran again that still survived included, and reports them apart
+(``earlier_survivors``, outside every count): a check added since shows whether it kills them.
+
 Output: the kill rate per file and overall, and each surviving mutant as a one-line diff. ``--json PATH`` writes
 everything; ``--record`` writes ``traces/verification/mutation/<family>.json`` of the family's repository for the
 site. Exit codes: 0; 1 when the kill rate of a family is under ``--min-kill`` (percent) or the unmutated run fails;
